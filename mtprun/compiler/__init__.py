@@ -1,0 +1,5 @@
+"""Recipe -> HeadPlan."""
+
+from mtprun.compiler.plan import HeadPlan
+
+__all__ = ["HeadPlan"]

@@ -1,0 +1,12 @@
+"""Cross-entropy: value lse - z_y, d/dz = p - e_y."""
+
+from mtprun.losses.stats import Stat
+from mtprun.spec.losses import CETerm
+
+
+def needs(term: CETerm) -> frozenset[Stat]:
+    return frozenset({Stat.LSE, Stat.TARGET_LOGIT})
+
+
+def metric_names(term: CETerm) -> tuple[str, ...]:
+    return ("ce",)

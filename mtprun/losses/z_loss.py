@@ -1,0 +1,12 @@
+"""z-loss: value lse^2, d/dz = 2 lse p."""
+
+from mtprun.losses.stats import Stat
+from mtprun.spec.losses import ZLossTerm
+
+
+def needs(term: ZLossTerm) -> frozenset[Stat]:
+    return frozenset({Stat.LSE})
+
+
+def metric_names(term: ZLossTerm) -> tuple[str, ...]:
+    return ("z_loss",)
