@@ -1,0 +1,384 @@
+"""Input validation and active-row selection for the fused head loss (backend-neutral).
+
+Both the torch engine and the Triton kernels call `validate` and `row_groups`, so every
+backend rejects the same bad inputs with the same messages and computes the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mtprun.compiler import HeadPlan
+from mtprun.spec.losses import LossAgg, LossTerm
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """The validated arguments of `head_loss` (see its docstring for shapes).
+
+    vocab_start / vocab_size: this rank's first global token id and the global vocabulary
+    size (vocab_start = 0 and vocab_size = weight.shape[0] without tensor parallelism).
+    """
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+    advantages: torch.Tensor | None
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    mtp_hidden: tuple[torch.Tensor, ...]
+    teacher_hidden: torch.Tensor | None
+    teacher_weight: torch.Tensor | None
+    vocab_start: int
+    vocab_size: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.hidden.shape[0]
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Rows that share one student hidden tensor and one set of loss terms.
+
+    The policy group holds the rows of `hidden` under the loss mask; MTP head k adds one group
+    whose student rows t come from mtp_hidden[k-1] and whose teacher rows are t+k of `hidden`.
+
+    rows:          [R] int64 indices into the N rows of `student`.
+    valid:         [R] bool, False only for masked rows kept when the plan does not compact.
+    seq_ids:       [R] int64 packed-sequence index of each row (for loss aggregation).
+    targets:       [R] int64 global token id each row predicts.
+    teacher_rows:  [R] int64 indices into `teacher` (the rows whose distribution teaches).
+    head:          0 for the policy group, k for MTP head k.
+    head_scale:    factor on the group's terms (1/D for an MTP head: mean over heads).
+    trains_weight: whether the group's gradient reaches `weight`.
+    """
+
+    name: str
+    terms: tuple[LossTerm, ...]
+    student: torch.Tensor
+    rows: torch.Tensor
+    valid: torch.Tensor
+    seq_ids: torch.Tensor
+    targets: torch.Tensor
+    teacher: torch.Tensor | None = None
+    teacher_weight: torch.Tensor | None = None
+    teacher_rows: torch.Tensor | None = None
+    teacher_temperature: float = 1.0
+    head: int = 0
+    head_scale: float = 1.0
+    trains_weight: bool = True
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.shape[0]
+
+
+def validate(
+    plan: HeadPlan,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor,
+    advantages: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    mtp_hidden: Sequence[torch.Tensor] | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    teacher_hidden: torch.Tensor | None = None,
+    teacher_weight: torch.Tensor | None = None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+) -> HeadInputs:
+    """Check every argument of `head_loss`; raise ValueError/TypeError naming the argument."""
+    if not isinstance(plan, HeadPlan):
+        raise TypeError(f"plan must be a HeadPlan (HeadPlan.from_losses([...])), got {type(plan)}")
+    if plan.tp_size != tp_size:
+        raise ValueError(
+            f"plan was compiled for tp_size={plan.tp_size} but tp_group has {tp_size} ranks; "
+            "compile the plan with the tensor-parallel size you run with"
+        )
+    _check_matrix("hidden", hidden)
+    _check_matrix("weight", weight)
+    n, h = hidden.shape
+    if weight.shape[1] != h:
+        raise ValueError(
+            f"weight has hidden size {weight.shape[1]} but hidden has {h}: weight must be "
+            f"[vocab, {h}] (the output layer's weight, not its transpose)"
+        )
+    if weight.dtype != hidden.dtype:
+        raise TypeError(f"weight dtype {weight.dtype} differs from hidden dtype {hidden.dtype}")
+    _check_device("weight", weight, hidden)
+    vocab_start = tp_rank * weight.shape[0]
+    vocab_size = tp_size * weight.shape[0]
+
+    _check_vector("targets", targets, n, hidden)
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
+    if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
+        raise ValueError(
+            f"targets must lie in [0, {vocab_size}) (the vocabulary size), "
+            f"found values in [{int(targets.min())}, {int(targets.max())}]"
+        )
+    _check_vector("loss_mask", loss_mask, n, hidden)
+    if loss_mask.dtype != torch.bool:
+        raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}: pass mask.bool()")
+
+    grpo = plan.term("grpo")
+    if grpo is not None and advantages is None:
+        raise ValueError("the plan has a 'grpo' term: pass advantages=[N] per-token advantages")
+    if grpo is not None and grpo.kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(
+            f"the 'grpo' term has kl_coef={grpo.kl_coef}: pass ref_logprobs=[N] "
+            "(reference-policy log-probs of the targets) or set kl_coef to 0"
+        )
+    for name, value in (
+        ("advantages", advantages),
+        ("old_logprobs", old_logprobs),
+        ("ref_logprobs", ref_logprobs),
+    ):
+        if value is not None:
+            _check_vector(name, value, n, hidden)
+            if not value.dtype.is_floating_point:
+                raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
+
+    mtp = tuple(_check_mtp_hidden(plan, mtp_hidden, hidden))
+    teacher_hidden, teacher_weight = _check_teacher(plan, teacher_hidden, teacher_weight, hidden)
+    if teacher_weight is not None and teacher_weight.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"teacher_weight has {teacher_weight.shape[0]} vocab rows but weight has "
+            f"{weight.shape[0]}: teacher and student must share the vocabulary (and its shards)"
+        )
+    return HeadInputs(
+        hidden=hidden,
+        weight=weight,
+        targets=targets.long(),
+        loss_mask=loss_mask,
+        cu_seqlens=_check_cu_seqlens(cu_seqlens, n, hidden),
+        advantages=advantages,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        mtp_hidden=mtp,
+        teacher_hidden=teacher_hidden,
+        teacher_weight=teacher_weight,
+        vocab_start=vocab_start,
+        vocab_size=vocab_size,
+    )
+
+
+def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
+    """The policy group and one group per MTP head, with masked rows dropped.
+
+    Fails when a row entering the loss holds a non-finite hidden value: averaging a NaN into
+    the loss would silently poison the step.
+    """
+    n = inputs.num_rows
+    seq_of_row = sequence_ids(inputs.cu_seqlens, n)
+    policy_terms = tuple(t for t in plan.terms if t.kind != "mtp")
+    mask = inputs.loss_mask
+    rows = mask.nonzero().squeeze(1) if plan.compact_mask else torch.arange(n, device=mask.device)
+    distill = plan.term("distill")
+    groups = [
+        RowGroup(
+            name="policy",
+            terms=policy_terms,
+            student=inputs.hidden,
+            rows=rows,
+            valid=mask[rows],
+            seq_ids=seq_of_row[rows],
+            targets=inputs.targets[rows],
+            teacher=inputs.teacher_hidden,
+            teacher_weight=inputs.teacher_weight,
+            teacher_rows=rows if distill is not None else None,
+            teacher_temperature=distill.temperature if distill is not None else 1.0,
+        )
+    ]
+    mtp = plan.term("mtp")
+    for k in plan.mtp_depths:
+        draft_rows = mtp_rows(mask, seq_of_row, k)
+        groups.append(
+            RowGroup(
+                name=f"mtp/{k}",
+                terms=(mtp,),
+                student=inputs.mtp_hidden[k - 1],
+                rows=draft_rows,
+                valid=torch.ones_like(draft_rows, dtype=torch.bool),
+                seq_ids=seq_of_row[draft_rows],
+                targets=inputs.targets[draft_rows + k],
+                teacher=inputs.hidden,
+                teacher_weight=inputs.weight,
+                teacher_rows=draft_rows + k,
+                head=k,
+                head_scale=1.0 / len(plan.mtp_depths),
+                trains_weight=mtp.train_shared_output,
+            )
+        )
+    for group in groups:
+        _check_finite(group)
+    return groups
+
+
+def sequence_ids(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """[N] index of the packed sequence each row belongs to."""
+    positions = torch.arange(num_rows, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True)
+
+
+def mtp_rows(loss_mask: torch.Tensor, seq_ids: torch.Tensor, depth: int) -> torch.Tensor:
+    """Rows t valid for MTP head `depth`: t and t+depth in one sequence, both under the mask."""
+    if loss_mask.shape[0] <= depth:
+        return torch.zeros(0, dtype=torch.long, device=loss_mask.device)
+    valid = loss_mask[:-depth] & loss_mask[depth:] & (seq_ids[:-depth] == seq_ids[depth:])
+    return valid.nonzero().squeeze(1)
+
+
+def aggregation_weights(
+    loss_agg: LossAgg, group: RowGroup, cu_seqlens: torch.Tensor
+) -> torch.Tensor:
+    """[R] float32 weights w with sum(w * per_token_value) = the term's aggregated value.
+
+    token-mean:              mean over the group's valid tokens.
+    seq-mean-token-mean:     mean over sequences (those with a valid token) of their token mean.
+    seq-mean-token-sum-norm: sum over those sequences of their token sum, divided by
+                             (number of such sequences x the longest sequence's length).
+    An empty group gets no weight (its terms contribute 0, never NaN).
+    """
+    valid = group.valid.float()
+    if loss_agg == "token-mean":
+        return valid / valid.sum().clamp(min=1)
+    num_seqs = cu_seqlens.shape[0] - 1
+    per_seq = torch.zeros(num_seqs, device=valid.device).index_add_(0, group.seq_ids, valid)
+    seqs_used = (per_seq > 0).sum().clamp(min=1)
+    if loss_agg == "seq-mean-token-mean":
+        return valid / (per_seq[group.seq_ids].clamp(min=1) * seqs_used)
+    longest = (cu_seqlens[1:] - cu_seqlens[:-1]).max().clamp(min=1)
+    return valid / (seqs_used * longest)
+
+
+def _check_matrix(name: str, value: torch.Tensor) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(value.shape)}")
+    if value.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a floating tensor (float32 or bfloat16), got {value.dtype}"
+        )
+
+
+def _check_vector(name: str, value: torch.Tensor, n: int, hidden: torch.Tensor) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.shape != (n,):
+        raise ValueError(
+            f"{name} must have shape [{n}] (one entry per row of hidden), got {tuple(value.shape)}"
+        )
+    _check_device(name, value, hidden)
+
+
+def _check_device(name: str, value: torch.Tensor, hidden: torch.Tensor) -> None:
+    if value.device != hidden.device:
+        raise ValueError(f"{name} is on {value.device} but hidden is on {hidden.device}")
+
+
+def _check_mtp_hidden(
+    plan: HeadPlan, mtp_hidden: Sequence[torch.Tensor] | None, hidden: torch.Tensor
+) -> list[torch.Tensor]:
+    depth = len(plan.mtp_depths)
+    if depth == 0:
+        if mtp_hidden:
+            raise ValueError("mtp_hidden was given but the plan has no 'mtp' term")
+        return []
+    if mtp_hidden is None or isinstance(mtp_hidden, torch.Tensor):
+        raise ValueError(
+            f"the plan has an 'mtp' term of depth {depth}: pass mtp_hidden=[h_1, ..., h_{depth}], "
+            "a list with one [N, H] hidden tensor per MTP head"
+        )
+    if len(mtp_hidden) != depth:
+        raise ValueError(f"mtp_hidden has {len(mtp_hidden)} tensors but the mtp depth is {depth}")
+    for k, head in enumerate(mtp_hidden, start=1):
+        _check_matrix(f"mtp_hidden[{k - 1}]", head)
+        if head.shape != hidden.shape or head.dtype != hidden.dtype:
+            raise ValueError(
+                f"mtp_hidden[{k - 1}] (head {k}) must match hidden: shape {tuple(hidden.shape)} "
+                f"{hidden.dtype}, got {tuple(head.shape)} {head.dtype}"
+            )
+        _check_device(f"mtp_hidden[{k - 1}]", head, hidden)
+    return list(mtp_hidden)
+
+
+def _check_teacher(
+    plan: HeadPlan,
+    teacher_hidden: torch.Tensor | None,
+    teacher_weight: torch.Tensor | None,
+    hidden: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if plan.term("distill") is None:
+        if teacher_hidden is not None or teacher_weight is not None:
+            raise ValueError(
+                "teacher_hidden/teacher_weight were given but the plan has no 'distill'"
+            )
+        return None, None
+    if teacher_hidden is None or teacher_weight is None:
+        raise ValueError(
+            "the plan has a 'distill' term: pass teacher_hidden=[N, Ht] (the teacher's final "
+            "hidden states) and teacher_weight=[V, Ht] (the teacher's output layer)"
+        )
+    _check_matrix("teacher_hidden", teacher_hidden)
+    _check_matrix("teacher_weight", teacher_weight)
+    if teacher_hidden.shape[0] != hidden.shape[0]:
+        raise ValueError(
+            f"teacher_hidden has {teacher_hidden.shape[0]} rows but hidden has {hidden.shape[0]}"
+        )
+    if teacher_weight.shape[1] != teacher_hidden.shape[1]:
+        raise ValueError(
+            f"teacher_weight has hidden size {teacher_weight.shape[1]} but teacher_hidden has "
+            f"{teacher_hidden.shape[1]}"
+        )
+    _check_device("teacher_hidden", teacher_hidden, hidden)
+    _check_device("teacher_weight", teacher_weight, hidden)
+    return teacher_hidden.detach(), teacher_weight.detach()
+
+
+def _check_cu_seqlens(
+    cu_seqlens: torch.Tensor | None, n: int, hidden: torch.Tensor
+) -> torch.Tensor:
+    if cu_seqlens is None:
+        return torch.tensor([0, n], dtype=torch.long, device=hidden.device)
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
+        raise ValueError("cu_seqlens must be a 1-D int tensor [S+1] of sequence boundaries")
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
+        raise TypeError(f"cu_seqlens must hold integers, got {cu_seqlens.dtype}")
+    _check_device("cu_seqlens", cu_seqlens, hidden)
+    bounds = cu_seqlens.long()
+    if (
+        bounds.numel() < 2
+        or int(bounds[0]) != 0
+        or int(bounds[-1]) != n
+        or bool((bounds[1:] < bounds[:-1]).any())
+    ):
+        raise ValueError(
+            f"cu_seqlens must rise from 0 to N={n} (e.g. [0, len0, len0+len1, ..., {n}]), "
+            f"got {bounds.tolist()[:8]}{' ...' if bounds.numel() > 8 else ''}"
+        )
+    return bounds
+
+
+def _check_finite(group: RowGroup) -> None:
+    rows = group.rows[group.valid]
+    bad = ~torch.isfinite(group.student[rows]).all(dim=1)
+    if bool(bad.any()):
+        source = "hidden" if group.name == "policy" else f"mtp_hidden[{group.head - 1}]"
+        first = int(rows[bad][0])
+        raise ValueError(
+            f"{source} holds non-finite values (NaN/inf) in {int(bad.sum())} row(s) under the "
+            f"loss mask, first at row {first}: fix the forward pass (or mask those rows out)"
+        )
