@@ -1,0 +1,70 @@
+"""HF checkpoint tensors <-> Megatron-core tensors for every supported architecture.
+
+hf_to_megatron gives one tensor-parallel rank's shards; megatron_to_hf takes full tensors
+(gather them first with `tp_layout.gather_state_dict`). Qwen2/Llama trunks are handled by
+`mtprun.models.qwen2`, MiMo MTP layers by `mtprun.models.mimo`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from mtprun.models import mimo, qwen2, tp_layout
+from mtprun.models.dims import ModelDims
+
+
+class _Tracked(Mapping[str, torch.Tensor]):
+    """A read-only view that records which checkpoint tensors conversion used."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+        self._tensors = tensors
+        self._source = source
+        self.used: set[str] = set()
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._tensors:
+            raise KeyError(
+                f"{self._source} has no tensor {name!r}; does config.json match the weights?"
+            )
+        self.used.add(name)
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def hf_to_megatron(
+    hf: Mapping[str, torch.Tensor],
+    dims: ModelDims,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    source: str = "the checkpoint",
+) -> dict[str, torch.Tensor]:
+    """HF-named tensors -> Megatron-named tensors of rank `tp_rank` out of `tp_size`.
+
+    Every checkpoint tensor must be used: a leftover means the config and the weights disagree
+    (a tied lm_head.weight that some checkpoints store anyway is the one exception).
+    """
+    dims.check_tp(tp_size)
+    tracked = _Tracked(hf, source)
+    full = qwen2.trunk_to_megatron(tracked, dims)
+    full.update(mimo.mtp_to_megatron(tracked, dims))
+    leftover = set(hf) - tracked.used - ({"lm_head.weight"} if dims.tie_embeddings else set())
+    if leftover:
+        raise ValueError(
+            f"{source} has tensors that {dims.architecture} with {dims.layers} layers and "
+            f"{dims.mtp_layers} MTP layers does not use: {sorted(leftover)[:5]}"
+        )
+    return tp_layout.shard_state_dict(full, tp_rank, tp_size)
+
+
+def megatron_to_hf(mg: Mapping[str, torch.Tensor], dims: ModelDims) -> dict[str, torch.Tensor]:
+    """Full (gathered) Megatron-named tensors -> HF-named tensors."""
+    out = qwen2.trunk_to_hf(mg, dims)
+    out.update(mimo.mtp_to_hf(mg, dims))
+    return out

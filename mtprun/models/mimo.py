@@ -1,0 +1,38 @@
+"""MiMo multi-token-prediction layers: HF names <-> mtprun's Megatron MTP module names.
+
+HF (and vLLM's MiMo drafter) layout of MTP layer i, under `model.mtp_layers.{i}.`:
+token_layernorm, hidden_layernorm, input_proj ([H, 2H], input = [trunk hidden, token emb]),
+final_layernorm, and a Qwen2 decoder layer stored directly under the same prefix.
+mtprun's Megatron-side module (`mtprun.runner.megatron_model.MiMoMTPLayer`) keeps MiMo's
+input order, so input_proj maps unchanged; the decoder layer sits under `decoder_layer.`.
+"""
+
+from __future__ import annotations
+
+from mtprun.models import qwen2
+from mtprun.models.dims import ModelDims
+
+_MTP_RENAMES = (
+    "token_layernorm.weight",
+    "hidden_layernorm.weight",
+    "input_proj.weight",
+    "final_layernorm.weight",
+)
+
+
+def mtp_to_megatron(hf: qwen2.Tensors, dims: ModelDims) -> dict:
+    out = {}
+    for i in range(dims.mtp_layers):
+        hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
+        out.update({mg_prefix + n: hf[hf_prefix + n] for n in _MTP_RENAMES})
+        out.update(qwen2.layer_to_megatron(hf, hf_prefix, mg_prefix + "decoder_layer.", dims))
+    return out
+
+
+def mtp_to_hf(mg: qwen2.Tensors, dims: ModelDims) -> dict:
+    out = {}
+    for i in range(dims.mtp_layers):
+        hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
+        out.update({hf_prefix + n: mg[mg_prefix + n] for n in _MTP_RENAMES})
+        out.update(qwen2.layer_to_hf(mg, mg_prefix + "decoder_layer.", hf_prefix, dims))
+    return out

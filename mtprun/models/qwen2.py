@@ -1,0 +1,112 @@
+"""HF Qwen2/Llama decoder weights <-> Megatron-core GPTModel (local layer spec) weights.
+
+Megatron fuses q/k/v into one `linear_qkv` laid out per query group
+([q heads of group g, k_g, v_g] for g = 0..G-1) so that a contiguous split over tensor-parallel
+ranks gives every rank whole groups, and fuses gate/up into `linear_fc1` as [gate; up].
+Names here are the full (TP=1) tensors; `mtprun.models.tp_layout` splits them per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from mtprun.models.dims import ModelDims
+
+Tensors = Mapping[str, torch.Tensor]
+
+# HF layer suffix -> Megatron layer suffix, for the tensors that map one to one.
+_LAYER_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
+    "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
+}
+
+
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims) -> torch.Tensor:
+    """[q; k; v] (HF, weights or biases) -> Megatron's per-group interleaved linear_qkv."""
+    groups, per_group, d = dims.kv_heads, dims.heads // dims.kv_heads, dims.head_dim
+    rest = q.shape[1:]
+    fused = torch.cat(
+        [
+            q.reshape(groups, per_group, d, *rest),
+            k.reshape(groups, 1, d, *rest),
+            v.reshape(groups, 1, d, *rest),
+        ],
+        dim=1,
+    )
+    return fused.reshape(-1, *rest)
+
+
+def split_qkv(
+    qkv: torch.Tensor, dims: ModelDims
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of fuse_qkv."""
+    groups, per_group, d = dims.kv_heads, dims.heads // dims.kv_heads, dims.head_dim
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(groups, per_group + 2, d, *rest)
+    q, k, v = grouped.split([per_group, 1, 1], dim=1)
+    return (
+        q.reshape(-1, *rest).contiguous(),
+        k.reshape(-1, *rest).contiguous(),
+        v.reshape(-1, *rest).contiguous(),
+    )
+
+
+def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, dims: ModelDims) -> dict:
+    """One decoder layer: HF tensors under `hf_prefix` -> Megatron tensors under `mg_prefix`."""
+    out = {mg_prefix + m: hf[hf_prefix + h] for h, m in _LAYER_RENAMES.items()}
+    attn = hf_prefix + "self_attn."
+    out[mg_prefix + "self_attention.linear_qkv.weight"] = fuse_qkv(
+        hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"], dims
+    )
+    if dims.qkv_bias:
+        out[mg_prefix + "self_attention.linear_qkv.bias"] = fuse_qkv(
+            hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], dims
+        )
+    out[mg_prefix + "mlp.linear_fc1.weight"] = torch.cat(
+        [hf[hf_prefix + "mlp.gate_proj.weight"], hf[hf_prefix + "mlp.up_proj.weight"]]
+    )
+    return out
+
+
+def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, dims: ModelDims) -> dict:
+    """Inverse of layer_to_megatron."""
+    out = {hf_prefix + h: mg[mg_prefix + m] for h, m in _LAYER_RENAMES.items()}
+    attn = hf_prefix + "self_attn."
+    qkv = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.weight"], dims)
+    out.update(zip((attn + f"{p}_proj.weight" for p in "qkv"), qkv, strict=True))
+    if dims.qkv_bias:
+        qkv_bias = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.bias"], dims)
+        out.update(zip((attn + f"{p}_proj.bias" for p in "qkv"), qkv_bias, strict=True))
+    gate, up = mg[mg_prefix + "mlp.linear_fc1.weight"].chunk(2)
+    out[hf_prefix + "mlp.gate_proj.weight"] = gate.contiguous()
+    out[hf_prefix + "mlp.up_proj.weight"] = up.contiguous()
+    return out
+
+
+def trunk_to_megatron(hf: Tensors, dims: ModelDims) -> dict:
+    """Embedding, decoder layers, final norm and (untied) output layer."""
+    out = {
+        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
+        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+    }
+    for i in range(dims.layers):
+        out.update(layer_to_megatron(hf, f"model.layers.{i}.", f"decoder.layers.{i}.", dims))
+    if not dims.tie_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def trunk_to_hf(mg: Tensors, dims: ModelDims) -> dict:
+    out = {
+        "model.embed_tokens.weight": mg["embedding.word_embeddings.weight"],
+        "model.norm.weight": mg["decoder.final_layernorm.weight"],
+    }
+    for i in range(dims.layers):
+        out.update(layer_to_hf(mg, f"decoder.layers.{i}.", f"model.layers.{i}.", dims))
+    if not dims.tie_embeddings:
+        out["lm_head.weight"] = mg["output_layer.weight"]
+    return out

@@ -1,0 +1,97 @@
+"""Tiny random-init HF checkpoints (Qwen2, or MiMo = Qwen2 + MTP layers), built locally.
+
+The folder holds config.json, model.safetensors and the tokenizer, and loads in transformers
+(`AutoModelForCausalLM`) and in vLLM. A MiMo folder declares `"architectures":
+["MiMoForCausalLM"]` and `num_nextn_predict_layers`; vLLM then serves its MTP layers as the
+speculative-decoding drafter, while transformers loads the trunk as a plain Qwen2 model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, TinyModel
+
+
+def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+    if spec.hidden % spec.heads or spec.head_dim not in VLLM_CPU_HEAD_DIMS:
+        raise ValueError(
+            f"model.tiny: hidden={spec.hidden} / heads={spec.heads} must be a head size vLLM's "
+            f"CPU attention accepts ({', '.join(map(str, VLLM_CPU_HEAD_DIMS))})"
+        )
+    if spec.heads % spec.kv_heads:
+        raise ValueError(f"model.tiny: heads={spec.heads} must be a multiple of kv_heads")
+    if spec.architecture == "qwen2" and spec.mtp_layers:
+        raise ValueError("model.tiny: mtp_layers needs architecture: mimo")
+    vocab = spec.vocab if spec.vocab is not None else len(tokenizer)
+    if vocab < len(tokenizer):
+        raise ValueError(
+            f"model.tiny.vocab={vocab} is smaller than the tokenizer ({len(tokenizer)})"
+        )
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=spec.max_seq_len,
+        tie_word_embeddings=spec.tie_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    if spec.architecture == "mimo":
+        config.architectures = ["MiMoForCausalLM"]
+        config.num_nextn_predict_layers = spec.mtp_layers
+    else:
+        config.architectures = ["Qwen2ForCausalLM"]
+    return config
+
+
+def random_mtp_layers(config: Qwen2Config, count: int) -> dict[str, torch.Tensor]:
+    """MiMo MTP layer tensors, initialised like the trunk (normal(0, initializer_range))."""
+    hidden, std = config.hidden_size, config.initializer_range
+    tensors = {}
+    for i in range(count):
+        prefix = f"model.mtp_layers.{i}."
+        layer = Qwen2DecoderLayer(config, layer_idx=0)  # shapes only; values are redrawn
+        params = {n: p.detach() for n, p in layer.state_dict().items()}
+        params["token_layernorm.weight"] = torch.empty(hidden)
+        params["hidden_layernorm.weight"] = torch.empty(hidden)
+        params["final_layernorm.weight"] = torch.empty(hidden)
+        params["input_proj.weight"] = torch.empty(hidden, 2 * hidden)
+        for name, t in params.items():
+            if "norm" in name:
+                t = torch.ones_like(t)
+            elif name.endswith(".bias"):
+                t = torch.zeros_like(t)
+            else:
+                t = torch.randn_like(t) * std
+            tensors[prefix + name] = t.contiguous()
+    return tensors
+
+
+def build_tiny_model(
+    spec: TinyModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, seed: int
+) -> Path:
+    """Write a random-init model folder (config, safetensors, tokenizer) to out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = tiny_config(spec, tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    tensors = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        del tensors["lm_head.weight"]  # stored once, as the embedding
+    tensors.update(random_mtp_layers(config, spec.mtp_layers))
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,76 @@
+"""How each Megatron-core tensor is split over tensor-parallel ranks, and back.
+
+column: split along dim 0 (vocab rows of embedding/output, per-group q/k/v rows).
+glu:    linear_fc1 holds [gate; up]; rank r holds [gate_r; up_r], not rows r of the stack.
+row:    split along dim 1 (inputs of linear_proj and linear_fc2).
+Anything else (norms, the MTP input projection) is replicated on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import torch
+
+Split = Literal["column", "glu", "row", "replicated"]
+
+_COLUMN = ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
+_ROW = ("linear_proj.weight", "linear_fc2.weight")
+
+
+def split_of(name: str) -> Split:
+    if name.endswith(_COLUMN):
+        return "column"
+    if name.endswith("linear_fc1.weight"):
+        return "glu"
+    if name.endswith(_ROW):
+        return "row"
+    return "replicated"
+
+
+def shard(name: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
+    """This rank's part of the full (TP=1 layout) tensor `name`."""
+    split = split_of(name)
+    if tp == 1 or split == "replicated":
+        return full
+    if split == "column":
+        return full.chunk(tp, dim=0)[rank].contiguous()
+    if split == "row":
+        return full.chunk(tp, dim=1)[rank].contiguous()
+    gate, up = full.chunk(2, dim=0)
+    return torch.cat([gate.chunk(tp)[rank], up.chunk(tp)[rank]]).contiguous()
+
+
+def unshard(name: str, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The full tensor from every rank's part, in rank order (inverse of `shard`)."""
+    split = split_of(name)
+    if len(parts) == 1 or split == "replicated":
+        return parts[0]
+    if split == "column":
+        return torch.cat(list(parts), dim=0)
+    if split == "row":
+        return torch.cat(list(parts), dim=1)
+    gates, ups = zip(*(p.chunk(2, dim=0) for p in parts), strict=True)
+    return torch.cat([*gates, *ups])
+
+
+def shard_state_dict(full: Mapping[str, torch.Tensor], rank: int, tp: int) -> dict:
+    return {name: shard(name, t, rank, tp) for name, t in full.items()}
+
+
+def gather_state_dict(
+    local: Mapping[str, torch.Tensor], tp: int, group: torch.distributed.ProcessGroup | None
+) -> dict:
+    """Every rank's shards all-gathered over `group` and unsharded to full tensors."""
+    if tp == 1:
+        return {name: t.detach() for name, t in local.items()}
+    full = {}
+    for name, t in local.items():
+        if split_of(name) == "replicated":
+            full[name] = t.detach()
+            continue
+        parts = [torch.empty_like(t) for _ in range(tp)]
+        torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
+        full[name] = unshard(name, parts)
+    return full

@@ -1,0 +1,174 @@
+"""The trainer's model: a Megatron-core GPTModel (local layer spec) plus MiMo-style MTP layers.
+
+`PolicyModel.hidden_states` is the trainer's forward. It returns the final (normed) hidden
+states for the fused head loss, which applies the output layer itself, so Megatron's own
+logits and loss are never computed. Packed sequences: position ids restart at every sequence
+start and are used to index the rotary table, and attention is block-diagonal causal over
+`cu_seqlens` via an explicit boolean mask (True = masked), which the local spec's
+DotProductAttention applies as given.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.spec_utils import build_module
+
+from mtprun.models.dims import ModelDims
+
+
+def transformer_config(dims: ModelDims) -> TransformerConfig:
+    """Megatron config for a Qwen2/Llama-style decoder; fusions off so CPU paths are taken."""
+    return TransformerConfig(
+        num_layers=dims.layers,
+        hidden_size=dims.hidden,
+        num_attention_heads=dims.heads,
+        num_query_groups=dims.kv_heads,
+        kv_channels=dims.head_dim,
+        ffn_hidden_size=dims.intermediate,
+        add_qkv_bias=dims.qkv_bias,
+        add_bias_linear=False,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        normalization="RMSNorm",
+        layernorm_epsilon=dims.rms_norm_eps,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        params_dtype=torch.float32,  # master weights; bf16 recipes compute under autocast
+        use_cpu_initialization=True,
+        perform_initialization=False,  # weights come from the HF checkpoint
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+class MiMoMTPLayer(torch.nn.Module):
+    """One MiMo MTP layer: input_proj([norm(trunk hidden), norm(emb(next token))]) -> one
+    decoder layer -> final norm. Same input order and position-0 masking as vLLM's MiMo
+    drafter, so trained weights serve speculative decoding unchanged."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.layernorm_epsilon
+        self.token_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
+        self.hidden_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
+        # Replicated over TP ranks: its inputs and output gradients are identical on each.
+        self.input_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        self.decoder_layer = build_module(spec, config=config, layer_number=layer_number)
+        self.final_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        token_emb: torch.Tensor,
+        attention_mask: torch.Tensor,
+        rotary_pos_emb: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, H] inputs -> (output before the final norm, output after it)."""
+        joint = torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(token_emb)], -1)
+        out, _ = self.decoder_layer(
+            hidden_states=self.input_proj(joint),
+            attention_mask=attention_mask,
+            rotary_pos_emb=rotary_pos_emb,
+        )
+        return out, self.final_layernorm(out)
+
+
+class PolicyModel(GPTModel):
+    """GPTModel with optional MiMo MTP layers under `mtp_layers.{i}.`."""
+
+    def __init__(self, dims: ModelDims) -> None:
+        config = transformer_config(dims)
+        super().__init__(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=dims.vocab,
+            max_sequence_length=dims.max_seq_len,
+            share_embeddings_and_output_weights=dims.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(dims.rope_theta),
+        )
+        self.dims = dims
+        self.mtp_layers = torch.nn.ModuleList(
+            MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(dims.mtp_layers)
+        )
+
+    def output_weight(self) -> torch.Tensor:
+        """The output layer's weight: this rank's vocab shard [V/tp, H]."""
+        if self.share_embeddings_and_output_weights:
+            return self.shared_embedding_or_output_weight()
+        return self.output_layer.weight
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        targets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Packed [T] inputs -> (final hidden [T, H], MTP hidden per head, each [T, H]).
+
+        MTP head k (1-based) at row t reads the trunk's pre-norm hidden at t (head 1) or head
+        k-1's output, and the embedding of token t+k = targets[t+k-1]; both are detached, so
+        a draft loss never reaches the trunk. Rows whose t+k leaves the sequence hold
+        garbage that the head loss masks out. `targets` is needed only with MTP layers.
+        """
+        num_tokens = input_ids.numel()
+        mask = packed_causal_mask(cu_seqlens, num_tokens, input_ids.device)
+        rope = self.rotary_pos_emb(self.max_sequence_length)[position_ids]
+        hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
+        for layer in self.decoder.layers:
+            hidden, _ = layer(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rope)
+        final = self.decoder.final_layernorm(hidden)
+        return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, mask, rope)
+
+    def _mtp_hidden(self, trunk_hidden, targets, position_ids, mask, rope) -> list[torch.Tensor]:
+        if not len(self.mtp_layers):
+            return []
+        if targets is None:
+            raise ValueError("a model with MTP layers needs `targets` for its MTP heads")
+        previous = trunk_hidden.detach()
+        outputs = []
+        for k, layer in enumerate(self.mtp_layers):
+            next_tokens = torch.roll(targets, shifts=-k)
+            with torch.no_grad():
+                emb = self.embedding(input_ids=next_tokens[None], position_ids=position_ids[None])
+                # vLLM's MiMo drafter zeroes the token embedding at position 0: do the same.
+                emb = emb.masked_fill((position_ids == 0)[:, None, None], 0.0)
+            previous, normed = layer(previous, emb, mask, rope)
+            outputs.append(normed[:, 0])
+        return outputs
+
+
+def packed_causal_mask(cu_seqlens: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
+    """[1, 1, T, T] bool, True where query i must not see key j: j > i or another sequence."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
+    seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    if seq_id.numel() != num_tokens:
+        raise ValueError(
+            f"cu_seqlens covers {seq_id.numel()} tokens but the batch has {num_tokens}; "
+            "cu_seqlens[-1] must equal the number of packed tokens"
+        )
+    pos = torch.arange(num_tokens, device=device)
+    visible = (seq_id[:, None] == seq_id[None, :]) & (pos[None, :] <= pos[:, None])
+    return (~visible)[None, None]
+
+
+def load_megatron_weights(model: PolicyModel, tensors: dict[str, torch.Tensor]) -> None:
+    """Load converted tensors; every parameter must be covered (Megatron's `_extra_state`
+    entries carry no weights and are skipped)."""
+    result = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"converted weights do not match the model: missing {missing[:5]}, "
+            f"unexpected {result.unexpected_keys[:5]}"
+        )

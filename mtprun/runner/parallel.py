@@ -1,0 +1,69 @@
+"""Process groups for the trainer: torch.distributed + Megatron-core model parallelism."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mtprun.runner.cpu_shims import apply_cpu_shims, needs_cpu_shims, reset_rng_tracker
+
+
+def init_parallel(
+    parallel: Any,
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    backend: str | None = None,
+    seed: int = 0,
+) -> None:
+    """Join the trainer's process group and set up Megatron's TP/PP/CP/DP groups.
+
+    parallel: the recipe's `parallel` section (tp, pp, cp, dp); tp*pp*cp*dp must equal
+    world_size. backend: None picks gloo on CPU and nccl on GPU.
+    """
+    sizes = {k: int(getattr(parallel, k)) for k in ("tp", "pp", "cp", "dp")}
+    product = sizes["tp"] * sizes["pp"] * sizes["cp"] * sizes["dp"]
+    if product != world_size:
+        raise ValueError(
+            f"parallel: tp*pp*cp*dp = {product} ({sizes}) but the trainer has {world_size} "
+            "processes; make the product equal the number of trainer processes"
+        )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+    apply_cpu_shims()
+    if backend is None:
+        backend = "gloo" if needs_cpu_shims() else "nccl"
+    if not needs_cpu_shims():
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    if not dist.is_initialized():
+        os.environ["MASTER_ADDR"] = master_addr
+        os.environ["MASTER_PORT"] = str(master_port)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=sizes["tp"],
+        pipeline_model_parallel_size=sizes["pp"],
+        context_parallel_size=sizes["cp"],
+        create_gloo_process_groups=backend == "gloo",
+    )
+    if needs_cpu_shims():
+        reset_rng_tracker()
+    else:
+        model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+
+
+def destroy_parallel() -> None:
+    """Tear down Megatron's groups and the default process group (safe to call twice)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
