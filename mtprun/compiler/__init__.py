@@ -1,5 +1,6 @@
 """Recipe -> HeadPlan."""
 
+from mtprun.compiler.compile import compile_recipe
 from mtprun.compiler.plan import HeadPlan
 
-__all__ = ["HeadPlan"]
+__all__ = ["HeadPlan", "compile_recipe"]

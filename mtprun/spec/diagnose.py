@@ -1,0 +1,144 @@
+"""pydantic validation errors -> located, readable diagnostics."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from mtprun.spec.document import Document, KeyPath
+from mtprun.spec.errors import Diagnostic
+from mtprun.spec.recipe import Recipe
+
+ROOT_ONLY_KEYS = ("extends",)  # read by the loader, never reaches the schema
+
+
+def validation_diagnostics(exc: ValidationError, doc: Document) -> list[Diagnostic]:
+    return [_diagnostic(error, doc) for error in exc.errors(include_url=False)]
+
+
+def _diagnostic(error: ErrorDetails, doc: Document) -> Diagnostic:
+    path, at_key = _data_path(error["loc"], doc.data)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        key = str(path[-1])
+        section = f" in '{_dotted(path[:-1])}'" if len(path) > 1 else ""
+        message = f"unknown key '{key}'{section}{_suggest(key, _known_keys(path[:-1], doc))}"
+        return Diagnostic(doc.position(path, at_key=True), message)
+    if kind == "missing":
+        field = error["loc"][-1]
+        section = f" in '{_dotted(path)}'" if path else ""
+        return Diagnostic(
+            doc.position(path, at_key=True), f"missing required key '{field}'{section}"
+        )
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return _tag_diagnostic(error, path, doc)
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", error["ctx"]["expected"])
+        got = error["input"]
+        hint = _suggest(got, allowed) if isinstance(got, str) else ""
+        what = f"{_dotted(path[:-1])}: invalid key" if at_key else f"{_dotted(path)}: invalid value"
+        message = f"{what} {got!r}{hint}; allowed: {', '.join(repr(a) for a in allowed)}"
+        return Diagnostic(doc.position(path, at_key=at_key), message)
+    message = error["msg"].removeprefix("Value error, ")
+    message = message[0].lower() + message[1:]
+    got = error["input"]
+    if not isinstance(got, dict | list) and kind != "value_error":
+        message += f" (got {got!r})"
+    where = doc.position(path, at_key=at_key) if at_key else doc.position_of(path)
+    return Diagnostic(where, f"{_dotted(path)}: {message}")
+
+
+def _tag_diagnostic(error: ErrorDetails, path: KeyPath, doc: Document) -> Diagnostic:
+    allowed = [t.strip(" '") for t in error["ctx"]["expected_tags"].split(",")]
+    choices = ", ".join(allowed)
+    if error["type"] == "union_tag_not_found":
+        return Diagnostic(
+            doc.position_of(path), f"{_dotted(path)}: a loss term needs `kind:` (one of {choices})"
+        )
+    tag = str(error["ctx"]["tag"])
+    message = (
+        f"{_dotted(path)}: unknown loss kind '{tag}'{_suggest(tag, allowed)}; allowed: {choices}"
+    )
+    return Diagnostic(doc.position((*path, "kind")), message)
+
+
+def _data_path(loc: tuple[str | int, ...], data: Any) -> tuple[KeyPath, bool]:
+    """The path in the recipe data that a pydantic `loc` names, and whether it is a key.
+
+    pydantic adds union branch tags to `loc` (`losses.0.grpo.clip_low`, `mask.roles`); those
+    are not in the data and are skipped.
+    """
+    path: list[str | int] = []
+    node = data
+    for i, part in enumerate(loc):
+        if part == "[key]":
+            return tuple(path), True
+        is_branch_tag = i > 0 and isinstance(loc[i - 1], int) and _kind_of(node) == part
+        if (isinstance(node, dict) and part in node and not is_branch_tag) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        ):
+            node = node[part]
+        else:  # a union branch tag, or a key the data lacks (missing)
+            continue
+        path.append(part)
+    return tuple(path), False
+
+
+def _kind_of(node: Any) -> Any:
+    return node.get("kind") if isinstance(node, dict) else None
+
+
+def _known_keys(path: KeyPath, doc: Document) -> list[str]:
+    """Field names of the section at `path` (for "did you mean")."""
+    models: list[type[BaseModel]] = [Recipe]
+    for i, part in enumerate(path):
+        if isinstance(part, int):
+            continue
+        model = _pick(models, doc.get(path[:i]))
+        field = model.model_fields.get(part) if model else None
+        if field is None:
+            return []
+        models = list(_models_in(field.annotation))
+    model = _pick(models, doc.get(path))
+    if model is None:
+        return []
+    names = list(model.model_fields)
+    return [*names, *ROOT_ONLY_KEYS] if not path else names
+
+
+def _pick(models: list[type[BaseModel]], node: Any) -> type[BaseModel] | None:
+    if len(models) == 1:
+        return models[0]
+    kind = _kind_of(node)
+    return next((m for m in models if _kind_default(m) == kind), None)
+
+
+def _kind_default(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("kind")
+    return field.default if field else None
+
+
+def _models_in(annotation: Any) -> typing.Iterator[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+        return
+    origin = typing.get_origin(annotation)
+    if origin is None and not isinstance(annotation, types.UnionType):
+        return
+    for arg in typing.get_args(annotation):
+        yield from _models_in(arg)
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(map(str, path)) or "<recipe>"

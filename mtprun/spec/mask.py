@@ -1,0 +1,31 @@
+"""`mask:` which tokens the loss trains (DESIGN.md, "Mask policy")."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Tag
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+MaskName = Literal["sampled", "all"]
+
+
+def _mask_shape(value: Any) -> str:
+    # A mapping is a roles table; anything else must be one of the policy names. Choosing the
+    # branch up front gives one clear error instead of one per union member.
+    return "roles" if isinstance(value, dict) else "policy"
+
+
+MaskPolicy = Annotated[
+    Annotated[MaskName, Tag("policy")] | Annotated[dict[Role, bool], Tag("roles")],
+    Discriminator(_mask_shape),
+]
+"""`sampled`: every token the model sampled (what it emits at inference, stop tokens included);
+`all`: every token; a roles table such as `{assistant: true, tool: false}`: sampled tokens of
+the roles set to true."""
+
+
+def uses_sampled_flags(policy: MaskName | dict[str, bool]) -> bool:
+    """Whether the policy reads the renderer's per-token is_sampled flags."""
+    return policy != "all"

@@ -1,0 +1,65 @@
+"""`model:` the policy to train: an HF-format folder or a tiny random-init model."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from mtprun.spec.base import Section
+
+# Attention head sizes vLLM's CPU attention backend accepts (STACK.md): others fail at the
+# first generate, long after the recipe was accepted.
+VLLM_CPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+class TinyModel(Section):
+    """A small random-init model built locally (no hub download)."""
+
+    architecture: Literal["qwen2", "mimo"] = Field(
+        "qwen2",
+        description="qwen2: a Qwen2 decoder; mimo: Qwen2 plus MiMo-style MTP layers "
+        "(needed for MTP losses and MTP speculative decoding).",
+    )
+    hidden: int = Field(128, ge=1, description="Hidden size.")
+    layers: int = Field(2, ge=1, description="Number of decoder layers.")
+    heads: int = Field(
+        4,
+        ge=1,
+        description="Attention heads. hidden/heads is the head size and must be one vLLM's CPU "
+        f"attention accepts: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}.",
+    )
+    kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
+    intermediate: int = Field(256, ge=1, description="MLP intermediate size.")
+    vocab: int | None = Field(
+        None, ge=1, description="Vocabulary size; null takes the tokenizer's size."
+    )
+    mtp_layers: int = Field(
+        0, ge=0, description="Multi-token-prediction layers (architecture mimo only)."
+    )
+    tie_embeddings: bool = Field(False, description="Share the input embedding and output layer.")
+    max_seq_len: int = Field(512, ge=1, description="Maximum sequence length (positions).")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+class ModelSection(Section):
+    """Exactly one of `path` and `tiny`."""
+
+    path: str | None = Field(
+        None,
+        description="HF-format model folder (config.json, safetensors, tokenizer); a relative "
+        "path is relative to the recipe file that sets it.",
+    )
+    tiny: TinyModel | None = Field(None, description="Build a tiny random-init model instead.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Parameter and compute dtype of trainer and rollouts."
+    )
+
+    @model_validator(mode="after")
+    def _path_xor_tiny(self) -> ModelSection:
+        if (self.path is None) == (self.tiny is None):
+            raise ValueError("set exactly one of `path` (an HF model folder) and `tiny`")
+        return self

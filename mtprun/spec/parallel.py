@@ -1,0 +1,16 @@
+"""`parallel:` model-parallel layout of the trainer."""
+
+from pydantic import Field
+
+from mtprun.spec.base import Section
+
+
+class ParallelSection(Section):
+    tp: int = Field(1, ge=1, description="Tensor parallel size (splits heads and the vocab).")
+    pp: int = Field(1, ge=1, description="Pipeline parallel size.")
+    cp: int = Field(1, ge=1, description="Context parallel size (splits each sequence).")
+    dp: int = Field(1, ge=1, description="Data parallel size.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp

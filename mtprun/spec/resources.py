@@ -1,0 +1,22 @@
+"""`resources:` the Ray cluster and what each actor asks of it."""
+
+from pydantic import Field
+
+from mtprun.spec.base import Section
+
+
+class ResourcesSection(Section):
+    ray_address: str | None = Field(
+        None, description="Address of a running Ray cluster; null starts a local one."
+    )
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of the local Ray instance; null lets Ray decide."
+    )
+    num_gpus: int = Field(0, ge=0, description="GPUs of the local Ray instance.")
+    cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each trainer/rollout actor takes.")
+    gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each trainer/rollout actor takes.")
+    world_size: int | None = Field(
+        None,
+        ge=1,
+        description="Trainer processes; when set it must equal tp*pp*cp*dp.",
+    )

@@ -1,0 +1,25 @@
+"""`rollout:` the generation engine of RL tasks."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from mtprun.spec.base import Section
+
+
+class SpeculativeSection(Section):
+    method: Literal["mtp"] = Field(
+        "mtp", description="Draft with the model's own MTP layers (needs model.tiny.mtp_layers)."
+    )
+    num_speculative_tokens: int = Field(1, ge=1, description="Draft tokens per step.")
+
+
+class RolloutSection(Section):
+    engine: Literal["vllm"] = Field("vllm", description="Generation engine.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    max_tokens: int = Field(64, ge=1, description="Maximum new tokens per assistant turn.")
+    speculative: SpeculativeSection | None = Field(
+        None, description="Speculative decoding; null turns it off."
+    )
+    num_engines: int = Field(1, ge=1, description="Rollout engine replicas.")

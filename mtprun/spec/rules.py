@@ -1,0 +1,245 @@
+"""Cross-field rules: constraints that span sections, each reported at the offending value.
+
+A rule is a function of a recipe that yields `Issue`s. It declares the sections it reads, and
+runs only when those validated, so one broken section does not hide the other sections' errors
+(the loader checks a partially valid recipe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from mtprun.spec.mask import uses_sampled_flags
+from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
+
+if TYPE_CHECKING:
+    from mtprun.spec.losses import LossTerm
+    from mtprun.spec.recipe import Recipe
+
+Path = tuple[str | int, ...]
+Severity = Literal["error", "warning"]
+RL_LOSS_KINDS = frozenset({"grpo"})
+
+
+@dataclass(frozen=True)
+class Issue:
+    path: Path
+    message: str
+    severity: Severity = "error"
+
+    @property
+    def dotted_path(self) -> str:
+        return ".".join(map(str, self.path)) or "<recipe>"
+
+
+RuleFn = Callable[["Recipe"], Iterable[Issue]]
+_RULES: list[tuple[frozenset[str], RuleFn]] = []
+
+
+def rule(*sections: str) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule that reads `sections` of the recipe."""
+
+    def register(fn: RuleFn) -> RuleFn:
+        _RULES.append((frozenset(sections), fn))
+        return fn
+
+    return register
+
+
+def check_rules(recipe: Recipe, invalid: frozenset[str] = frozenset()) -> list[Issue]:
+    """Every issue of `recipe`, skipping rules that read a section named in `invalid`."""
+    return [
+        issue for sections, fn in _RULES if sections.isdisjoint(invalid) for issue in fn(recipe)
+    ]
+
+
+def _terms(recipe: Recipe) -> Iterator[tuple[int, LossTerm]]:
+    # A partially valid recipe holds None where a term failed validation.
+    return ((i, t) for i, t in enumerate(recipe.losses) if t is not None)
+
+
+@rule("data", "task")
+def _data_or_task(r: Recipe) -> Iterator[Issue]:
+    if r.data is None and r.task is None:
+        yield Issue((), "a recipe needs `data:` (SFT) or `task:` (RL); neither is set")
+    elif r.data is not None and r.task is not None:
+        yield Issue(
+            ("data",),
+            "`data:` (SFT) and `task:` (RL) are both set; to run SFT before RL, "
+            "move `data:` under `warmstart:`",
+        )
+
+
+@rule("warmstart", "task")
+def _warmstart_before_rl(r: Recipe) -> Iterator[Issue]:
+    if r.warmstart is None:
+        return
+    if r.task is None:
+        yield Issue(("warmstart",), "`warmstart:` is an SFT stage before RL and needs `task:`")
+    elif r.warmstart.data.template != r.task.template:
+        yield Issue(
+            ("warmstart", "data", "template"),
+            f"warm-start template '{r.warmstart.data.template}' differs from the task's "
+            f"'{r.task.template}'; both stages train one model with one tokenizer",
+        )
+
+
+@rule("losses", "task")
+def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
+    for i, term in _terms(r):
+        if term.kind in RL_LOSS_KINDS and r.task is None:
+            yield Issue(
+                ("losses", i, "kind"),
+                f"loss '{term.kind}' trains on rollouts and needs a `task:` with a `reward:`",
+            )
+    if r.task is not None and not any(t.kind in RL_LOSS_KINDS for _, t in _terms(r)):
+        yield Issue(
+            ("task",),
+            "the task's rewards are unused: no loss term is a policy gradient (add kind: grpo)",
+            "warning",
+        )
+
+
+@rule("losses")
+def _some_weight_positive(r: Recipe) -> Iterator[Issue]:
+    terms = [t for _, t in _terms(r)]
+    if len(terms) == len(r.losses) and all(t.weight == 0 for t in terms):
+        yield Issue(("losses",), "every loss term has weight 0 (coef for entropy): nothing trains")
+
+
+@rule("losses")
+def _one_term_per_kind(r: Recipe) -> Iterator[Issue]:
+    first: dict[str, int] = {}
+    for i, term in _terms(r):
+        if term.kind in first:
+            yield Issue(
+                ("losses", i, "kind"),
+                f"loss kind '{term.kind}' is already losses.{first[term.kind]}; "
+                "one term per kind (merge their weights)",
+            )
+        first.setdefault(term.kind, i)
+
+
+@rule("model")
+def _tiny_model_shape(r: Recipe) -> Iterator[Issue]:
+    tiny = r.model.tiny
+    if tiny is None:
+        return
+    where = ("model", "tiny")
+    if tiny.hidden % tiny.heads:
+        yield Issue(
+            (*where, "heads"), f"hidden {tiny.hidden} is not divisible by heads {tiny.heads}"
+        )
+    elif tiny.head_dim not in VLLM_CPU_HEAD_DIMS:
+        fits = [h for h in range(1, tiny.hidden + 1) if tiny.hidden / h in VLLM_CPU_HEAD_DIMS]
+        hint = f"; heads in {fits} fit hidden {tiny.hidden}" if fits else ""
+        yield Issue(
+            (*where, "heads"),
+            f"head size hidden/heads = {tiny.head_dim} is not one vLLM's CPU attention accepts "
+            f"({', '.join(map(str, VLLM_CPU_HEAD_DIMS))}){hint}",
+        )
+    if tiny.heads % tiny.kv_heads:
+        yield Issue(
+            (*where, "kv_heads"), f"heads {tiny.heads} is not divisible by kv_heads {tiny.kv_heads}"
+        )
+    if tiny.mtp_layers and tiny.architecture != "mimo":
+        yield Issue(
+            (*where, "mtp_layers"),
+            f"MTP layers need architecture 'mimo', not '{tiny.architecture}'",
+        )
+
+
+@rule("losses", "model")
+def _mtp_depth_fits_model(r: Recipe) -> Iterator[Issue]:
+    tiny = r.model.tiny
+    if tiny is None:  # an HF folder's MTP layers are only known when it is loaded
+        return
+    for i, term in _terms(r):
+        if term.kind != "mtp" or term.depth <= tiny.mtp_layers:
+            continue
+        yield Issue(
+            ("losses", i, "depth"),
+            f"mtp depth {term.depth} exceeds the model's MTP layers ({tiny.mtp_layers}); "
+            "set model.tiny.architecture: mimo and mtp_layers >= depth",
+        )
+
+
+@rule("rollout", "model")
+def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
+    spec, tiny = r.rollout.speculative, r.model.tiny
+    if spec is None or spec.method != "mtp" or tiny is None:
+        return
+    where = ("rollout", "speculative")
+    if tiny.mtp_layers == 0:
+        yield Issue(
+            (*where, "method"),
+            "speculative method 'mtp' drafts with the model's MTP layers, and it has none; "
+            "set model.tiny.architecture: mimo and mtp_layers: 1",
+        )
+    elif spec.num_speculative_tokens > 1:
+        yield Issue(
+            (*where, "num_speculative_tokens"),
+            f"MiMo-style MTP drafts 1 token per step in vLLM, not {spec.num_speculative_tokens}",
+        )
+
+
+@rule("parallel", "model")
+def _tp_splits_heads(r: Recipe) -> Iterator[Issue]:
+    tiny, tp = r.model.tiny, r.parallel.tp
+    if tiny is None or tp == 1:
+        return
+    for name in ("heads", "kv_heads"):
+        count = getattr(tiny, name)
+        if count % tp:
+            yield Issue(
+                ("parallel", "tp"),
+                f"tp {tp} does not divide model.tiny.{name} ({count}); each rank needs whole "
+                "attention heads",
+            )
+
+
+@rule("parallel", "resources")
+def _world_size_matches(r: Recipe) -> Iterator[Issue]:
+    world, p = r.resources.world_size, r.parallel
+    if world is not None and world != p.world_size:
+        yield Issue(
+            ("resources", "world_size"),
+            f"world_size {world} != tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp} = {p.world_size}",
+        )
+
+
+@rule("parallel", "data", "warmstart", "trainer")
+def _cp_splits_sequences(r: Recipe) -> Iterator[Issue]:
+    # Context parallelism gives each rank two chunks (one early, one late) for load balance.
+    cp = r.parallel.cp
+    if cp == 1:
+        return
+    lengths: list[tuple[Path, int]] = [
+        (("trainer", "micro_batch_tokens"), r.trainer.micro_batch_tokens)
+    ]
+    if r.data is not None:
+        lengths.append((("data", "packing_length"), r.data.packing_length))
+    if r.warmstart is not None:
+        lengths.append((("warmstart", "data", "packing_length"), r.warmstart.data.packing_length))
+    for path, length in lengths:
+        if length % (2 * cp):
+            yield Issue(
+                path,
+                f"{length} is not divisible by 2*cp = {2 * cp} (context parallelism splits "
+                "each row into 2*cp chunks)",
+            )
+
+
+@rule("mask", "data", "warmstart", "model")
+def _sampled_flags_available(r: Recipe) -> Iterator[Issue]:
+    sft = r.data is not None or r.warmstart is not None
+    if sft and r.model.path is not None and uses_sampled_flags(r.mask):
+        yield Issue(
+            ("mask",),
+            "the SFT data is rendered with the HF model's own chat template, which gives no "
+            "per-token sampled flags: this policy falls back to the role spans (assistant "
+            "tokens for 'sampled'); set `mask: all` or a roles table to say so explicitly",
+            "warning",
+        )

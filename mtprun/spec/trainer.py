@@ -1,0 +1,27 @@
+"""`trainer:` optimizer, schedule and step budget."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from mtprun.spec.base import Section
+
+
+class TrainerSection(Section):
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Learning-rate decay after warm-up."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps from 0 to `lr`.")
+    steps: int = Field(100, ge=1, description="Optimizer steps (RL steps for a task).")
+    micro_batch_tokens: int = Field(
+        2048, ge=1, description="Tokens per packed micro batch (one forward/backward)."
+    )
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="Clip the global gradient norm to this value; null disables."
+    )
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="Save a checkpoint every N steps; null saves only at the end."
+    )
