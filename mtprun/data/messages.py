@@ -1,0 +1,106 @@
+"""Chat messages: the plain data every template renders, parsed from untrusted records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[Role, ...] = get_args(Role)
+
+
+class ConversationError(ValueError):
+    """A record is not a valid conversation; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the assistant makes: a tool name and its JSON-object arguments."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The call as the templates print it: compact, argument keys sorted.
+
+        The Jinja templates print the same form with `tojson`, so both renderings match.
+        """
+        arguments = json.dumps(
+            self.arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        )
+        return f'{{"name":{json.dumps(self.name, ensure_ascii=False)},"arguments":{arguments}}}'
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The Hugging Face / OpenAI chat-message form that `apply_chat_template` takes."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return out
+
+
+Conversation = tuple[Message, ...]
+
+
+def parse_conversation(record: Any) -> Conversation:
+    """Validate one record: `{"messages": [...]}` or a bare list of messages.
+
+    Each message is `{"role", "content", "tool_calls"?}`; a tool call is
+    `{"name", "arguments"}` or the OpenAI form `{"type": "function", "function": {...}}`,
+    with arguments a JSON object or a string holding one. Raises ConversationError.
+    """
+    messages = record.get("messages") if isinstance(record, Mapping) else record
+    if isinstance(record, Mapping) and messages is None:
+        raise ConversationError('record has no "messages" key (expected {"messages": [...]})')
+    if not isinstance(messages, Sequence) or isinstance(messages, str):
+        raise ConversationError(f'"messages" must be a list, got {type(messages).__name__}')
+    if not messages:
+        raise ConversationError("empty conversation: no messages to train on")
+    return tuple(_parse_message(i, m) for i, m in enumerate(messages))
+
+
+def _parse_message(index: int, raw: Any) -> Message:
+    where = f"message {index}"
+    if not isinstance(raw, Mapping):
+        raise ConversationError(f"{where}: must be an object, got {type(raw).__name__}")
+    role = raw.get("role")
+    if role not in ROLES:
+        raise ConversationError(f"{where}: unknown role {role!r} (expected one of {ROLES})")
+    content = raw.get("content", "")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise ConversationError(f"{where}: content must be a string, got {type(content).__name__}")
+    calls = raw.get("tool_calls") or ()
+    if calls and role != "assistant":
+        raise ConversationError(f"{where}: only assistant messages carry tool_calls, not {role}")
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        raise ConversationError(f"{where}: tool_calls must be a list")
+    return Message(role, content, tuple(_parse_tool_call(where, c) for c in calls))
+
+
+def _parse_tool_call(where: str, raw: Any) -> ToolCall:
+    if isinstance(raw, Mapping) and isinstance(raw.get("function"), Mapping):
+        raw = raw["function"]
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
+        raise ConversationError(f'{where}: a tool call needs a string "name"')
+    arguments = raw.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as err:
+            raise ConversationError(f"{where}: tool-call arguments are not JSON: {err}") from err
+    if not isinstance(arguments, Mapping):
+        raise ConversationError(f"{where}: tool-call arguments must be a JSON object")
+    return ToolCall(raw["name"], dict(arguments))

@@ -1,0 +1,94 @@
+"""Sequence packing: rendered sequences back to back into `PackedBatch` rows.
+
+The one shift of next-token training happens here: row t of a packed batch predicts token t+1
+of the same sequence, so `targets[t]`, `loss_mask[t]` and `old_logprobs[t]` all describe token
+t+1. The last token of each sequence has nothing to predict inside its sequence: its target is
+`pad_id` and its loss_mask False, so no row ever learns across a sequence boundary (which MTP
+heads rely on too: they read the boundaries from `cu_seqlens`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mtprun.data.batch import PackedBatch
+from mtprun.data.mask import MaskPolicy, token_mask
+from mtprun.data.render import RenderedSequence
+
+
+def pack(
+    sequences: Sequence[RenderedSequence],
+    policy: MaskPolicy,
+    packing_length: int,
+    advantages: Sequence[float] | None = None,
+    pad_id: int = 0,
+) -> list[PackedBatch]:
+    """Pack `sequences`, in order, into batches of at most `packing_length` tokens.
+
+    A batch is closed when the next sequence does not fit. `advantages` (RL) holds one value
+    per sequence, broadcast to its tokens; with it, every sequence must carry `logprobs`.
+    """
+    if advantages is not None and len(advantages) != len(sequences):
+        raise ValueError(f"{len(advantages)} advantages for {len(sequences)} sequences")
+    for i, seq in enumerate(sequences):
+        if not 0 < len(seq) <= packing_length:
+            raise ValueError(
+                f"sequence {i} has {len(seq)} tokens; packing needs 1 to packing_length="
+                f"{packing_length} tokens: raise data.packing_length or shorten the sequence"
+            )
+    batches = []
+    for start, stop in _bins([len(s) for s in sequences], packing_length):
+        adv = None if advantages is None else advantages[start:stop]
+        batches.append(_pack_bin(sequences[start:stop], policy, adv, pad_id))
+    return batches
+
+
+def _bins(lengths: list[int], capacity: int) -> list[tuple[int, int]]:
+    """[start, stop) index ranges of consecutive sequences that fit in `capacity` tokens."""
+    bins, start, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if used + n > capacity:
+            bins.append((start, i))
+            start, used = i, 0
+        used += n
+    if lengths:
+        bins.append((start, len(lengths)))
+    return bins
+
+
+def _pack_bin(
+    sequences: Sequence[RenderedSequence],
+    policy: MaskPolicy,
+    advantages: Sequence[float] | None,
+    pad_id: int,
+) -> PackedBatch:
+    lengths = torch.tensor([len(s) for s in sequences])
+    cu_seqlens = torch.zeros(len(sequences) + 1, dtype=torch.int32)
+    cu_seqlens[1:] = lengths.cumsum(0)
+    last = cu_seqlens[1:].long() - 1
+
+    input_ids = torch.cat([s.token_ids for s in sequences])
+    targets = _shift_left(input_ids, last, pad_id)
+    loss_mask = _shift_left(torch.cat([token_mask(s, policy) for s in sequences]), last, False)
+    position_ids = torch.arange(len(input_ids)) - torch.repeat_interleave(
+        cu_seqlens[:-1].long(), lengths
+    )
+    batch = PackedBatch(input_ids, targets, loss_mask, position_ids, cu_seqlens)
+    if advantages is not None:
+        if any(s.logprobs is None for s in sequences):
+            raise ValueError("RL packing needs the sampling logprobs of every trajectory")
+        logprobs = torch.cat([s.logprobs for s in sequences])
+        batch.old_logprobs = _shift_left(logprobs, last, 0.0)
+        batch.advantages = torch.repeat_interleave(
+            torch.tensor(advantages, dtype=torch.float32), lengths
+        )
+    return batch
+
+
+def _shift_left(values: torch.Tensor, last: torch.Tensor, fill: float | int | bool) -> torch.Tensor:
+    """values[t+1] at t, with `fill` at each sequence's last position."""
+    shifted = values.roll(-1)
+    shifted[last] = fill
+    return shifted

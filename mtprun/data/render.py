@@ -1,0 +1,185 @@
+"""Conversation -> token ids with, per token, the role that authored it and whether the model
+sampled it.
+
+For the template families in `mtprun.data.templates` the labels are exact: the format knows
+which pieces the model emits (its content, tool-call markup, and its stop token, also where
+the template files that token under the next message). For any other chat template the
+renderer falls back to role spans: a token belongs to the message whose text contains it and
+counts as sampled when that message is the assistant's. It says so once per template.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from mtprun.data.messages import ROLES, Message, Role
+from mtprun.data.templates import ChatFormat, chat_format_of_template
+
+logger = logging.getLogger(__name__)
+
+ROLE_IDS: dict[Role, int] = {role: i for i, role in enumerate(ROLES)}
+_warned_templates: set[int] = set()
+
+
+@dataclass(frozen=True)
+class RenderedSequence:
+    """One token sequence with per-token labels; all tensors have the same length N.
+
+    token_ids:  [N] int64.
+    roles:      [N] int8 index into ROLES: the author of the token (a stop token the model
+                sampled is the assistant's, whichever message the template files it under).
+    is_sampled: [N] bool, True where the model emits the token at inference.
+    sampled_exact: False when is_sampled was estimated from assistant role spans because the
+                chat template is not one mtprun knows (then stop tokens filed under the next
+                message are missed).
+    logprobs:   [N] float32 logprob the rollout engine sampled each token with (0 where not
+                sampled), or None outside RL.
+    """
+
+    token_ids: torch.Tensor
+    roles: torch.Tensor
+    is_sampled: torch.Tensor
+    sampled_exact: bool = True
+    logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.token_ids.numel())
+
+    def __getitem__(self, index: slice) -> RenderedSequence:
+        logprobs = None if self.logprobs is None else self.logprobs[index]
+        return replace(
+            self,
+            token_ids=self.token_ids[index],
+            roles=self.roles[index],
+            is_sampled=self.is_sampled[index],
+            logprobs=logprobs,
+        )
+
+    def role_names(self) -> list[Role]:
+        return [ROLES[i] for i in self.roles.tolist()]
+
+
+class Renderer:
+    """Renders conversations with a tokenizer's chat template.
+
+    Use `render` for SFT records and RL prompts, `continuation` for the tokens the environment
+    inserts between two model turns, `parse_assistant` to read a generated turn back, and
+    `stop_token_ids` for the rollout engine.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+        self.chat_format: ChatFormat | None = chat_format_of_template(tokenizer.chat_template)
+
+    @property
+    def sampled_exact(self) -> bool:
+        return self.chat_format is not None
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Token ids at which a model turn ends (the engine's stop tokens)."""
+        if self.chat_format is None:
+            return [self.tokenizer.eos_token_id]
+        return self.tokenizer.convert_tokens_to_ids(list(self.chat_format.stop_tokens))
+
+    def render(
+        self, messages: Sequence[Message], add_generation_prompt: bool = False
+    ) -> RenderedSequence:
+        """Token ids of `messages` (the same ids as `apply_chat_template`) with their labels.
+
+        add_generation_prompt appends the assistant's opening (not sampled), as for a prompt.
+        """
+        if self.chat_format is None:
+            return self._render_role_spans(messages, add_generation_prompt)
+        pieces = list(self.chat_format.pieces(messages, add_generation_prompt))
+        encoded = self.tokenizer([p.text for p in pieces], add_special_tokens=False)["input_ids"]
+        lengths = torch.tensor([len(ids) for ids in encoded])
+        token_ids = torch.tensor([t for ids in encoded for t in ids], dtype=torch.int64)
+        roles = torch.tensor([ROLE_IDS[p.role] for p in pieces], dtype=torch.int8)
+        sampled = torch.tensor([p.sampled for p in pieces], dtype=torch.bool)
+        return RenderedSequence(
+            token_ids=token_ids,
+            roles=roles.repeat_interleave(lengths),
+            is_sampled=sampled.repeat_interleave(lengths),
+        )
+
+    def continuation(
+        self, history: Sequence[Message], new_messages: Sequence[Message]
+    ) -> RenderedSequence:
+        """The tokens to insert after the model's last turn in `history` and before its next
+        turn: `new_messages` (tool results, user replies) and the next generation prompt.
+
+        Everything up to the model's stop token (the last sampled token of the rendering) is
+        already in the trajectory: the engine sampled it.
+        """
+        if not history or history[-1].role != "assistant":
+            raise ValueError("continuation: history must end with the assistant's turn")
+        if not new_messages or any(m.role == "assistant" for m in new_messages):
+            raise ValueError(
+                "continuation: new_messages must be non-empty and hold no assistant message "
+                "(the model's turns are sampled, not inserted)"
+            )
+        full = self.render([*history, *new_messages], add_generation_prompt=True)
+        last_sampled = int(full.is_sampled.nonzero().max())
+        return full[last_sampled + 1 :]
+
+    def parse_assistant(self, text: str) -> Message:
+        """The assistant message (content and tool calls) behind a generated turn's text."""
+        if self.chat_format is None:
+            raise ValueError(
+                "parse_assistant needs one of mtprun's chat templates "
+                "(data.template: char, chatml or glm); this tokenizer has another one"
+            )
+        return self.chat_format.parse_assistant(text)
+
+    def _render_role_spans(
+        self, messages: Sequence[Message], add_generation_prompt: bool
+    ) -> RenderedSequence:
+        self._warn_fallback_once()
+        dicts = [m.to_dict() for m in messages]
+        # Character offset where each message's text ends: the rendering of each prefix.
+        ends = []
+        text = ""
+        for i in range(1, len(dicts) + 1):
+            prefix = self.tokenizer.apply_chat_template(dicts[:i], tokenize=False)
+            if not prefix.startswith(text):
+                raise ValueError(
+                    f"chat template is not prefix-stable: rendering {i} messages does not "
+                    f"extend the rendering of {i - 1}, so tokens cannot be attributed to roles"
+                )
+            ends.append(len(prefix))
+            text = prefix
+        text = self.tokenizer.apply_chat_template(
+            dicts, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        starts = torch.tensor([start for start, _ in encoding["offset_mapping"]])
+        message_index = torch.bucketize(starts, torch.tensor(ends), right=True)
+        # Tokens past the last message are the generation prompt: the assistant's opening.
+        span_roles = [ROLE_IDS[m.role] for m in messages] + [ROLE_IDS["assistant"]]
+        roles = torch.tensor(span_roles, dtype=torch.int8)[message_index]
+        is_sampled = (roles == ROLE_IDS["assistant"]) & (message_index < len(messages))
+        return RenderedSequence(
+            token_ids=torch.tensor(encoding["input_ids"], dtype=torch.int64),
+            roles=roles,
+            is_sampled=is_sampled,
+            sampled_exact=False,
+        )
+
+    def _warn_fallback_once(self) -> None:
+        key = hash(self.tokenizer.chat_template)
+        if key in _warned_templates:
+            return
+        _warned_templates.add(key)
+        logger.warning(
+            "the chat template of %s is not one mtprun knows (char, chatml, glm): is_sampled "
+            "falls back to assistant role spans, so a stop token the template files under the "
+            "next message is not trained by mask 'sampled' or a roles table; mask 'all' still "
+            "trains every token",
+            self.tokenizer.name_or_path or "this tokenizer",
+        )

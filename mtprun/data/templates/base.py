@@ -1,0 +1,86 @@
+"""What a chat template family knows beyond its Jinja text: who emits which piece."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from mtprun.data.messages import Message, Role, ToolCall
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_TOOL_CALL = re.compile(
+    re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), re.S
+)
+
+# A newline in the Jinja templates. Literal newlines next to block tags are eaten by the
+# whitespace control (`-%}`) and by transformers' trim_blocks, so they are printed explicitly.
+NEWLINE = "{{ '\\n' }}"
+
+# Jinja for one tool call, identical to ToolCall.to_json(): compact JSON, argument keys sorted.
+# Arguments given as a string (OpenAI wire form) are printed as they are.
+JINJA_TOOL_CALL = (
+    "{%- set fn = call.function if call.function is defined else call -%}"
+    '{"name":{{ fn.name | tojson }},"arguments":'
+    "{%- if fn.arguments is string -%}{{ fn.arguments }}"
+    "{%- else -%}{{ fn.arguments | tojson(separators=(',', ':'), sort_keys=True) }}{%- endif -%}"
+    "}"
+)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of text with one author role, either emitted by the model (sampled) or not."""
+
+    text: str
+    role: Role
+    sampled: bool
+
+
+class ChatFormat:
+    """A chat template family: its special tokens, its Jinja template, and a Python renderer
+    that yields the same text as the Jinja one, split into pieces labelled with the role that
+    authored them and whether the model emits them at inference.
+
+    Subclasses set the class attributes and implement `pieces`.
+    """
+
+    name: str
+    special_tokens: tuple[str, ...]
+    eos_token: str
+    # Every token at which the rollout engine must stop a turn.
+    stop_tokens: tuple[str, ...]
+    jinja: str
+
+    def pieces(self, messages: Sequence[Message], add_generation_prompt: bool) -> Iterator[Piece]:
+        raise NotImplementedError
+
+    def parse_assistant(self, text: str) -> Message:
+        """The assistant message behind generated text (stop token stripped or not).
+
+        Tool calls are `<tool_call>{json}</tool_call>` in every shipped family; a call whose
+        JSON does not parse is kept as content, so a reward sees the malformed text.
+        """
+        for stop in self.stop_tokens:
+            text = text.removesuffix(stop)
+        calls: list[ToolCall] = []
+        for match in _TOOL_CALL.finditer(text):
+            call = _parse_call_json(match.group(1))
+            if call is None:
+                return Message("assistant", text)
+            calls.append(call)
+        content = text.split(TOOL_CALL_OPEN, 1)[0] if calls else text
+        return Message("assistant", content.rstrip("\n") if calls else content, tuple(calls))
+
+
+def _parse_call_json(text: str) -> ToolCall | None:
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        return None
+    arguments = raw.get("arguments", {})
+    return ToolCall(raw["name"], arguments) if isinstance(arguments, dict) else None

@@ -1,0 +1,43 @@
+"""A character-level tokenizer with a chat template, built locally for the tiny models."""
+
+from __future__ import annotations
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from mtprun.data.templates import get_chat_format
+
+PAD_TOKEN = "<|pad|>"
+UNK_TOKEN = "<|unk|>"
+# Printable ASCII and the newline: what the synthetic tasks and plain-English data need.
+CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
+
+
+def build_tokenizer(template: str) -> PreTrainedTokenizerFast:
+    """A WordLevel tokenizer with one token per character plus `template`'s special tokens.
+
+    `template` is a chat format name ("char", "chatml" or "glm"); the tokenizer carries its
+    Jinja `chat_template`, its eos token, and pad/unk tokens. Ids: pad 0, unk 1, then the
+    template's special tokens, then the characters. Characters outside CHARACTERS encode to
+    unk. `save_pretrained` writes a folder that vLLM and `AutoTokenizer` load offline.
+    """
+    chat_format = get_chat_format(template)
+    specials = [PAD_TOKEN, UNK_TOKEN, *chat_format.special_tokens]
+    vocab = {token: i for i, token in enumerate([*specials, *CHARACTERS])}
+
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
+    # Every character is its own word; special tokens are split out before this runs.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Fuse joins tokens without the separator WordLevel would otherwise put between them.
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(specials)
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=chat_format.eos_token,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        chat_template=chat_format.jinja,
+        model_max_length=1 << 20,
+        clean_up_tokenization_spaces=False,
+    )

@@ -1,0 +1,110 @@
+"""RL trajectories: the prompt, then the model's sampled turns and the tokens the environment
+inserts between them (tool results, user replies, the next generation prompt).
+
+Only tokens the rollout engine produced are sampled; everything inserted is not, so a
+multi-turn agentic trajectory whose tools answer at length is mostly untrained tokens.
+
+    builder = TrajectoryBuilder(renderer.render(prompt, add_generation_prompt=True))
+    builder.add_sampled(output.token_ids, output.logprobs)     # ends with the stop token
+    builder.add_inserted(renderer.continuation(history, [tool_message]))
+    builder.add_sampled(...)
+    trajectory = builder.build()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mtprun.data.messages import Conversation
+from mtprun.data.render import ROLE_IDS, RenderedSequence, Renderer
+from mtprun.data.tasks.base import Prompt, Task
+
+
+class TrajectoryBuilder:
+    """Concatenates a prompt, sampled segments and inserted segments into one sequence whose
+    `logprobs` hold, per token, the logprob the engine sampled it with (0 elsewhere)."""
+
+    def __init__(self, prompt: RenderedSequence) -> None:
+        # Even assistant turns inside the prompt (few-shot examples) were not sampled here.
+        self._parts = [_with_zero_logprobs(prompt)]
+        self.num_turns = 0
+        self.num_tokens = len(prompt)
+
+    def add_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        """A model turn as the engine returned it, stop token included, with the logprob of
+        each sampled token."""
+        if len(token_ids) != len(logprobs):
+            raise ValueError(
+                f"add_sampled: {len(token_ids)} token ids but {len(logprobs)} logprobs; the "
+                "engine must return one logprob per sampled token (SamplingParams(logprobs=0))"
+            )
+        if not token_ids:
+            raise ValueError("add_sampled: a sampled turn has at least its stop token")
+        n = len(token_ids)
+        self._parts.append(
+            RenderedSequence(
+                token_ids=torch.as_tensor(token_ids, dtype=torch.int64),
+                roles=torch.full((n,), ROLE_IDS["assistant"], dtype=torch.int8),
+                is_sampled=torch.ones(n, dtype=torch.bool),
+                logprobs=torch.as_tensor(logprobs, dtype=torch.float32),
+            )
+        )
+        self.num_turns += 1
+        self.num_tokens += n
+
+    def add_inserted(self, segment: RenderedSequence) -> None:
+        """Tokens the environment inserts (see `Renderer.continuation`); never sampled."""
+        self._parts.append(_with_zero_logprobs(segment))
+        self.num_tokens += len(segment)
+
+    def build(self) -> RenderedSequence:
+        parts = self._parts
+        return RenderedSequence(
+            token_ids=torch.cat([p.token_ids for p in parts]),
+            roles=torch.cat([p.roles for p in parts]),
+            is_sampled=torch.cat([p.is_sampled for p in parts]),
+            sampled_exact=all(p.sampled_exact for p in parts),
+            logprobs=torch.cat([p.logprobs for p in parts]),
+        )
+
+
+def _with_zero_logprobs(segment: RenderedSequence) -> RenderedSequence:
+    # Inserted tokens are conditioning, not actions: no sampled flag, no logprob.
+    return RenderedSequence(
+        token_ids=segment.token_ids,
+        roles=segment.roles,
+        is_sampled=torch.zeros_like(segment.is_sampled),
+        sampled_exact=segment.sampled_exact,
+        logprobs=torch.zeros(len(segment), dtype=torch.float32),
+    )
+
+
+def expert_rollout(
+    task: Task, prompt: Prompt, renderer: Renderer, max_turns: int
+) -> tuple[RenderedSequence, Conversation]:
+    """The runner's rollout loop with the task's scripted expert in place of the engine.
+
+    Each expert turn contributes the tokens a model would emit for it (content, tool-call
+    markup, stop token), with logprob 0 (the expert is deterministic); tool answers are
+    inserted with `Renderer.continuation`. Shows what RL trains on before any model exists.
+    """
+    builder = TrajectoryBuilder(renderer.render(prompt.messages, add_generation_prompt=True))
+    conversation = prompt.messages
+    for _ in range(max_turns):
+        conversation = (*conversation, task.expert_reply(conversation, prompt))
+        tool_message = task.tool_response(conversation)
+        # The turn's stop token may be the next message's opening tag (GLM), so render with
+        # what follows; everything from where the trajectory stands to the last sampled
+        # token is what the model emits.
+        following = conversation if tool_message is None else (*conversation, tool_message)
+        rendered = renderer.render(following)
+        end = int(rendered.is_sampled.nonzero().max()) + 1
+        emitted = rendered.token_ids[builder.num_tokens : end].tolist()
+        builder.add_sampled(emitted, [0.0] * len(emitted))
+        if tool_message is None:
+            break
+        builder.add_inserted(renderer.continuation(conversation, [tool_message]))
+        conversation = (*conversation, tool_message)
+    return builder.build(), conversation
