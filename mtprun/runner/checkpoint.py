@@ -1,0 +1,84 @@
+"""Checkpoint folders: written under a temporary name, published by one atomic rename.
+
+    checkpoints/step_000012/
+      trainer_rank0.pt ...   each trainer rank's state_dict (model, optimizer, schedule, step)
+      hf/                    the policy as an HF folder (what `mtprun export` hands out)
+      driver.json            the loop's own position (step, stage) and the metrics of the step
+    checkpoints/latest       the step number of the newest complete checkpoint
+
+A crash while writing leaves only a `.partial` folder, which is ignored and replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from mtprun.runner.run_dir import write_json_atomic
+
+_PREFIX = "step_"
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"{_PREFIX}{step:06d}"
+
+
+def begin(root: Path, step: int) -> Path:
+    """A fresh, empty folder to write checkpoint `step` into."""
+    partial = step_dir(root, step).with_suffix(".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    return partial
+
+
+def publish(partial: Path, driver_state: dict) -> Path:
+    """Make a fully written `partial` folder the checkpoint of its step."""
+    step = int(driver_state["step"])
+    write_json_atomic(partial / "driver.json", driver_state)
+    final = step_dir(partial.parent, step)
+    if final.exists():  # re-saving the same step (e.g. a stop right after a periodic save)
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    latest = partial.parent / "latest"
+    latest.with_suffix(".tmp").write_text(str(step))
+    os.replace(latest.with_suffix(".tmp"), latest)
+    return final
+
+
+def steps(root: Path) -> list[int]:
+    """Steps of the complete checkpoints under `root`, ascending."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        name = path.name
+        if name.startswith(_PREFIX) and name[len(_PREFIX) :].isdigit() and path.is_dir():
+            found.append(int(name[len(_PREFIX) :]))
+    return sorted(found)
+
+
+def latest(root: Path) -> int | None:
+    """Step of the newest complete checkpoint, or None."""
+    pointer = root / "latest"
+    if pointer.exists():
+        step = int(pointer.read_text())
+        if step_dir(root, step).is_dir():
+            return step
+    done = steps(root)
+    return done[-1] if done else None
+
+
+def resolve(root: Path, step: int | None) -> Path:
+    """Folder of checkpoint `step` (None = the newest), with a clear error when missing."""
+    available = steps(root)
+    if not available:
+        raise FileNotFoundError(f"no checkpoint under {root}: the run saved none yet")
+    if step is None:
+        step = latest(root)
+    if step not in available:
+        raise FileNotFoundError(
+            f"no checkpoint for step {step} under {root}; available steps: "
+            + ", ".join(map(str, available))
+        )
+    return step_dir(root, step)

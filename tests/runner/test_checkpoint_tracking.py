@@ -1,0 +1,69 @@
+"""Checkpoint folders and the MLflow tracker, on a real local MLflow store."""
+
+import pytest
+import torch
+from mlflow import MlflowClient
+from safetensors.torch import load_file
+
+from mtprun.runner import checkpoint
+from mtprun.runner.export import export_checkpoint, save_hf_folder
+from mtprun.runner.tracking import Tracker, flatten
+
+
+def test_publish_is_atomic_and_latest_follows(tmp_path):
+    root = tmp_path / "checkpoints"
+    assert checkpoint.latest(root) is None
+    for step in (2, 4):
+        partial = checkpoint.begin(root, step)
+        (partial / "trainer_rank0.pt").write_bytes(b"x")
+        checkpoint.publish(partial, {"step": step})
+    checkpoint.begin(root, 6)  # a crash while writing step 6 leaves only a .partial folder
+    assert checkpoint.steps(root) == [2, 4]
+    assert checkpoint.latest(root) == 4
+    assert checkpoint.resolve(root, None) == checkpoint.step_dir(root, 4)
+    with pytest.raises(FileNotFoundError, match="no checkpoint for step 3 .* available steps: 2, 4"):
+        checkpoint.resolve(root, 3)
+
+
+def test_export_copies_the_hf_folder(tmp_path):
+    template = tmp_path / "model"
+    template.mkdir()
+    (template / "config.json").write_text("{}")
+    (template / "model.safetensors").write_bytes(b"old weights, never copied")
+    weights = {"embed.weight": torch.randn(4, 3)}
+    weights["lm_head.weight"] = weights["embed.weight"]  # tied: shares memory
+    partial = checkpoint.begin(tmp_path / "ckpt", 3)
+    save_hf_folder(weights, template, partial / "hf")
+    checkpoint.publish(partial, {"step": 3})
+
+    out = export_checkpoint(tmp_path / "ckpt", None, tmp_path / "export")
+    assert (out / "config.json").read_text() == "{}"
+    loaded = load_file(out / "model.safetensors")
+    torch.testing.assert_close(loaded["lm_head.weight"], weights["embed.weight"])
+    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+        export_checkpoint(tmp_path / "missing", None, tmp_path / "x")
+
+
+def test_flatten_recipe_params():
+    tree = {"a": {"b": 1, "c": [2, {"d": None}]}, "e": [], "f": "x"}
+    assert flatten(tree) == {"a.b": "1", "a.c.0": "2", "a.c.1.d": "None", "e": "[]", "f": "x"}
+
+
+def test_tracker_reopens_the_same_run(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker.start(uri, "exp", "demo", {"mtprun.plan_hash": "abc"}, tmp_path / "art")
+    tracker.log_params({"trainer.lr": "0.001"})
+    tracker.log_metrics(1, {"train/loss": 2.0})
+    tracker.finish("KILLED", "stopped by SIGINT after step 1")
+
+    again = Tracker.reopen(uri, tracker.run_id)
+    assert again.last_logged_step("train/loss") == 1
+    again.log_metrics(2, {"train/loss": 1.0})
+    again.finish("FINISHED")
+
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"trainer.lr": "0.001"}
+    assert run.data.tags["mtprun.error"] == "stopped by SIGINT after step 1"
+    history = MlflowClient(uri).get_metric_history(tracker.run_id, "train/loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 2.0), (2, 1.0)]
