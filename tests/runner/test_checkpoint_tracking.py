@@ -21,7 +21,7 @@ def test_publish_is_atomic_and_latest_follows(tmp_path):
     assert checkpoint.steps(root) == [2, 4]
     assert checkpoint.latest(root) == 4
     assert checkpoint.resolve(root, None) == checkpoint.step_dir(root, 4)
-    with pytest.raises(FileNotFoundError, match="no checkpoint for step 3 .* available steps: 2, 4"):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 3 .* steps: 2, 4"):
         checkpoint.resolve(root, 3)
 
 
