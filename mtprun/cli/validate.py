@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _summary(checks: dict[str, RecipeCheck]) -> Table:
     table = Table(title="mtprun validate")
-    for column in ("recipe", "status", "name", "stage", "losses"):
+    table.add_column("recipe", overflow="fold")
+    for column in ("status", "name", "stage", "losses"):
         table.add_column(column)
     for file, check in checks.items():
         recipe = check.recipe

@@ -43,7 +43,7 @@ def _apply(doc: Document, text: str, file: str) -> None:
     value_col = len(key) + 2
     value = parse_document(raw, file, col=value_col) if raw.strip() else None
     parent, path = _walk_to_parent(doc, parts, start)
-    last = _segment(parent, parts[-1], path, start, appendable=True)
+    last = _segment(parent, parts[-1], path, start)
     target = (*path, last)
     if isinstance(parent, list) and last == len(parent):
         parent.append(None)
@@ -60,7 +60,9 @@ def _walk_to_parent(
     node: Any = doc.data
     path: KeyPath = ()
     for part in parts[:-1]:
-        seg = _segment(node, part, path, start, appendable=False)
+        seg = _segment(node, part, path, start)
+        if isinstance(node, list) and seg == len(node):
+            node.append(None)
         child = node.get(seg) if isinstance(node, dict) else node[seg]
         if child is None:  # an absent or null section: create it
             child = node[seg] = {}
@@ -79,12 +81,12 @@ def _walk_to_parent(
 
 
 def _segment(
-    node: dict[str, Any] | list[Any], part: str, path: KeyPath, start: Position, *, appendable: bool
+    node: dict[str, Any] | list[Any], part: str, path: KeyPath, start: Position
 ) -> str | int:
     if isinstance(node, dict):
         return part
     dotted = ".".join(map(str, path))
-    limit = len(node) + int(appendable)
+    limit = len(node) + 1  # index == length appends an item
     if not part.isdigit() or int(part) >= limit:
         hint = f"0..{limit - 1}" if limit else "none: the list is empty"
         raise RecipeError(
