@@ -1,11 +1,13 @@
 """The math of each loss term. One module per `kind`; each declares its per-row statistics
-(`needs`) and the metric names it reports (`metric_names`)."""
+(`needs`), the metric names it reports (`metric_names`) and its math on those statistics
+(`row_loss`: per-token value, gradient coefficients, per-token metrics)."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
 from mtprun.losses import ce, distill, entropy, grpo, mtp, z_loss
+from mtprun.losses.rows import GradCoeffs, RowInputs, RowLoss, RowStats
 from mtprun.losses.stats import Stat
 from mtprun.spec.losses import LossTerm
 
@@ -33,4 +35,19 @@ def metric_names(term: LossTerm) -> tuple[str, ...]:
     return module_for(term).metric_names(term)
 
 
-__all__ = ["Stat", "metric_names", "module_for", "needs"]
+def row_loss(term: LossTerm, stats: RowStats, inputs: RowInputs) -> RowLoss:
+    """`term`'s per-token value, gradient coefficients and metrics on rows with `stats`."""
+    return module_for(term).row_loss(term, stats, inputs)
+
+
+__all__ = [
+    "GradCoeffs",
+    "RowInputs",
+    "RowLoss",
+    "RowStats",
+    "Stat",
+    "metric_names",
+    "module_for",
+    "needs",
+    "row_loss",
+]

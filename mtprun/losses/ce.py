@@ -1,5 +1,6 @@
 """Cross-entropy: value lse - z_y, d/dz = p - e_y."""
 
+from mtprun.losses.rows import GradCoeffs, RowInputs, RowLoss, RowStats
 from mtprun.losses.stats import Stat
 from mtprun.spec.losses import CETerm
 
@@ -10,3 +11,8 @@ def needs(term: CETerm) -> frozenset[Stat]:
 
 def metric_names(term: CETerm) -> tuple[str, ...]:
     return ("ce",)
+
+
+def row_loss(term: CETerm, stats: RowStats, inputs: RowInputs) -> RowLoss:
+    ones = stats.lse.new_ones(())
+    return RowLoss(value=-stats.logprob, grad=GradCoeffs(a=ones, b=-ones))
