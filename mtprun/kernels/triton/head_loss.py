@@ -1,0 +1,210 @@
+"""`head_loss_triton`: the fused head loss on CUDA tensors (same contract as `head_loss`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from mtprun.compiler import HeadPlan
+from mtprun.kernels.inputs import HeadInputs, row_groups, validate
+from mtprun.kernels.output import HeadLossOutput
+from mtprun.kernels.triton import groups as kg
+from mtprun.kernels.triton import rows as k
+from mtprun.kernels.triton.engine import DEFAULT_CHUNK_BYTES, run_chunks
+from mtprun.kernels.triton.groups import KernelGroup
+
+
+def head_loss_triton(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    plan: HeadPlan,
+    *,
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor,
+    advantages: torch.Tensor | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    mtp_hidden: Sequence[torch.Tensor] | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+    tp_group: dist.ProcessGroup | None = None,
+    teacher_hidden: torch.Tensor | None = None,
+    teacher_weight: torch.Tensor | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> HeadLossOutput:
+    """Every term of `plan` in one pass over the vocabulary, with Triton per-row kernels.
+
+    Arguments as `mtprun.kernels.head_loss`. `chunk_bytes` bounds the logits buffers (the
+    extra memory beyond the inputs and gradients). Gradients are computed in the forward
+    pass when any input requires them.
+    """
+    tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+    tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+    inputs = validate(
+        plan,
+        hidden,
+        weight,
+        targets=targets,
+        loss_mask=loss_mask,
+        advantages=advantages,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        mtp_hidden=mtp_hidden,
+        cu_seqlens=cu_seqlens,
+        teacher_hidden=teacher_hidden,
+        teacher_weight=teacher_weight,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+    )
+    mtp = plan.term("mtp")
+    if tp_group is not None and mtp is not None and mtp.target == "topk":
+        raise NotImplementedError(
+            "the Triton head loss does not run the MTP 'topk' target under tensor parallelism "
+            "(the top-k spans the vocabulary shards): use target 'soft' or 'hard', or tp_size 1"
+        )
+    students = (hidden, *inputs.mtp_hidden)
+    need_grads = [torch.is_grad_enabled() and s.requires_grad for s in students]
+    need_weight_grad = torch.is_grad_enabled() and weight.requires_grad
+    with torch.no_grad():
+        groups = [kg.build(group, _detached(inputs)) for group in row_groups(plan, inputs)]
+        policy, drafts = groups[0], groups[1:]
+        teacher_positions = [_teacher_positions(policy, d) for d in drafts]
+        distill_teacher = inputs.teacher_hidden
+        if distill_teacher is not None and distill_teacher.shape[0] != policy.num_rows:
+            distill_teacher = distill_teacher[policy.group.rows]
+        grads = run_chunks(
+            policy,
+            drafts,
+            weight.detach(),
+            teacher_hidden=distill_teacher,
+            teacher_weight=inputs.teacher_weight,
+            teacher_positions=teacher_positions,
+            vocab_offset=inputs.vocab_start,
+            need_grads=need_grads,
+            need_weight_grad=need_weight_grad,
+            chunk_bytes=chunk_bytes,
+            tp_group=tp_group,
+        )
+        loss = sum((_group_loss(g) for g in groups), torch.zeros((), device=hidden.device))
+        metrics = _metrics(plan, policy, drafts, teacher_positions)
+        logprobs = _logprobs(policy, hidden.shape[0])
+        student_grads = tuple(
+            _scatter_rows(grad, group.group.rows, students[i].shape[0])
+            for i, (grad, group) in enumerate(zip(grads.students, groups, strict=True))
+        )
+    loss = _PrecomputedGrads.apply(loss, (grads.weight, *student_grads), weight, *students)
+    return HeadLossOutput(loss=loss, metrics=metrics, logprobs=logprobs)
+
+
+class _PrecomputedGrads(torch.autograd.Function):
+    """Returns `loss`; its backward hands out the gradients the forward already computed."""
+
+    @staticmethod
+    def forward(ctx, loss, grads, weight, *students):
+        ctx.grads = grads
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grads = ctx.grads
+        ctx.grads = None
+        if float(grad_loss) != 1.0:
+            for grad in grads:
+                if grad is not None:
+                    grad.mul_(grad_loss.to(grad.dtype))
+        return None, None, *grads
+
+
+def _detached(inputs: HeadInputs) -> HeadInputs:
+    fields = {name: getattr(inputs, name) for name in inputs.__dataclass_fields__}
+    fields["hidden"] = inputs.hidden.detach()
+    fields["weight"] = inputs.weight.detach()
+    fields["mtp_hidden"] = tuple(h.detach() for h in inputs.mtp_hidden)
+    return HeadInputs(**fields)
+
+
+def _teacher_positions(policy: KernelGroup, draft: KernelGroup) -> torch.Tensor:
+    """Position of each draft row's teacher row among the policy rows."""
+    n = policy.group.student.shape[0]
+    position = torch.full((n,), -1, dtype=torch.long, device=policy.targets.device)
+    position[policy.group.rows] = torch.arange(policy.num_rows, device=position.device)
+    return position[draft.group.teacher_rows]
+
+
+def _column(group: KernelGroup, name: str) -> torch.Tensor:
+    return group.values[:, k.VALUE_COLUMNS.index(name)]
+
+
+def _per_token(group: KernelGroup) -> torch.Tensor:
+    """[R, 6] per-token values in the order of rows.WEIGHT_COLUMNS."""
+    soft = _column(group, "soft_ce")
+    return torch.stack(
+        (
+            -_column(group, "logp"),
+            _column(group, "z_loss"),
+            _column(group, "grpo"),
+            -_column(group, "entropy"),
+            soft,
+            soft,
+        ),
+        dim=1,
+    )
+
+
+def _group_loss(group: KernelGroup) -> torch.Tensor:
+    return (group.weights * _per_token(group)).sum()
+
+
+def _metrics(
+    plan: HeadPlan,
+    policy: KernelGroup,
+    drafts: list[KernelGroup],
+    teacher_positions: list[torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    valid = policy.group.valid.float()
+    count = valid.sum().clamp(min=1)
+
+    def token_mean(name: str) -> torch.Tensor:
+        return (_column(policy, name) * valid).sum() / count
+
+    per_token = _per_token(policy)
+    metrics = {}
+    for term in plan.terms:
+        if term.kind == "mtp":
+            continue
+        column = kg._weight_column(term)
+        value = per_token[:, k.WEIGHT_COLUMNS.index(column)]
+        metrics[term.kind] = (policy.agg[term.kind] * value).sum()
+        if term.kind == "grpo":
+            metrics["grpo/clip_frac"] = token_mean("clipped")
+            metrics["grpo/kl"] = token_mean("kl")
+            metrics["grpo/ratio_mean"] = token_mean("ratio")
+    metrics["entropy"] = token_mean("entropy")
+    mtp = plan.term("mtp")
+    if mtp is not None:
+        column = k.WEIGHT_COLUMNS.index(kg._weight_column(mtp))
+        head_values = []
+        policy_argmax = policy.stats[:, k.STATS_COLUMNS.index("argmax")]
+        for draft, positions in zip(drafts, teacher_positions, strict=True):
+            head = draft.group.head
+            head_values.append((draft.agg["mtp"] * _per_token(draft)[:, column]).sum())
+            metrics[f"mtp/{head}/loss"] = head_values[-1]
+            draft_argmax = draft.stats[:, k.STATS_COLUMNS.index("argmax")]
+            teacher_argmax = policy_argmax[positions]
+            agree = (draft_argmax == teacher_argmax).float()
+            metrics[f"mtp/{head}/top1_agree"] = agree.sum() / max(draft.num_rows, 1)
+        metrics["mtp"] = torch.stack(head_values).mean()
+    return metrics
+
+
+def _logprobs(policy: KernelGroup, n: int) -> torch.Tensor:
+    logp = torch.where(policy.group.valid, _column(policy, "logp"), 0.0)
+    out = torch.zeros(n, dtype=torch.float32, device=logp.device)
+    return out.index_copy_(0, policy.group.rows, logp)
+
+
+def _scatter_rows(grad: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:
+    if grad is None or grad.shape[0] == n:
+        return grad
+    return grad.new_zeros(n, grad.shape[1]).index_copy_(0, rows, grad)

@@ -1,0 +1,77 @@
+"""Launching `head_rows_kernel` on one slice of a row group, with the TP exchange if any."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+
+from mtprun.kernels.triton import rows as k
+from mtprun.kernels.triton.groups import KernelGroup
+from mtprun.kernels.triton.tensor_parallel import exchange_stats
+
+MAX_BLOCK_V = 4096
+
+
+def run_rows(
+    logits: torch.Tensor,
+    group: KernelGroup,
+    start: int,
+    stop: int,
+    *,
+    vocab_offset: int,
+    teacher: torch.Tensor | None = None,
+    teacher_rows: torch.Tensor | None = None,
+    tp_group: dist.ProcessGroup | None = None,
+) -> None:
+    """Rows [start, stop) of `group`, whose logits are `logits` [stop - start, V_local]:
+    statistics, values, and dz written over `logits` in place."""
+    n_rows = stop - start
+    if n_rows == 0:
+        return
+    flags = group.flags
+    vocab_local = logits.shape[1]
+    stats = group.stats[start:stop]
+    dummy = group.targets  # any tensor: pointers of disabled inputs are never read
+    teacher_arg = teacher if teacher is not None else logits
+    args = (
+        logits,
+        logits.stride(0),
+        teacher_arg,
+        teacher_arg.stride(0),
+        teacher_rows if teacher_rows is not None else dummy,
+        flags.inv_temperature,
+        vocab_local,
+        vocab_offset,
+        group.targets[start:stop],
+        stats,
+        group.values[start:stop],
+        group.weights[start:stop],
+        *(
+            dummy if value is None else value[start:stop]
+            for value in (group.advantages, group.old_logprobs, group.ref_logprobs)
+        ),
+        flags.clip_low,
+        flags.clip_high,
+        flags.kl_coef,
+    )
+    block = min(MAX_BLOCK_V, triton.next_power_of_2(vocab_local))
+    constexprs = dict(
+        HAS_CE=flags.ce,
+        HAS_Z=flags.z_loss,
+        HAS_GRPO=flags.grpo,
+        HAS_OLD=flags.has_old,
+        KL_ESTIMATOR=flags.kl_estimator,
+        HAS_ENTROPY_BONUS=flags.entropy_bonus,
+        HAS_TEACHER=flags.teacher,
+        HAS_PLAIN=flags.plain,
+        BLOCK_V=block,
+        num_warps=8 if block >= 2048 else 4,
+    )
+    grid = (n_rows,)
+    if tp_group is None:
+        k.head_rows_kernel[grid](*args, MODE=k.FUSED, **constexprs)
+        return
+    k.head_rows_kernel[grid](*args, MODE=k.STATS, **constexprs)
+    stats.copy_(exchange_stats(stats, tp_group))
+    k.head_rows_kernel[grid](*args, MODE=k.GRAD, **constexprs)
