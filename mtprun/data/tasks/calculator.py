@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import re
 from collections.abc import Callable
 
 from mtprun.data.messages import Conversation, Message, ToolCall
@@ -25,6 +26,7 @@ _OPERATORS: dict[type[ast.operator], tuple[str, Callable[[int, int], int]]] = {
     ast.Mult: ("*", operator.mul),
 }
 _MAX_DIGITS = 30
+_TOKEN = re.compile(r"\d+|\S")
 
 
 class CalculatorError(ValueError):
@@ -82,8 +84,11 @@ def calculator_trace(expression: str) -> str:
     lines = [
         "calculator 1.4 (exact integer mode)",
         f"input: {expression}",
+        "tokens: " + " | ".join(_TOKEN.findall(expression)),
         f"parsed: {ast.unparse(tree)}",
         *(f"step {i}: {step}" for i, step in enumerate(steps, 1)),
+        f"digits: {len(str(abs(result)))}, sign: {'-' if result < 0 else '+'}, "
+        f"parity: {'odd' if result % 2 else 'even'}",
         "checks: overflow none, rounding none, precision exact",
         f"result: {result}",
     ]

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import pytest
+
+from mtprun.data.jsonl import DataFileError, read_conversations
+from mtprun.data.messages import Message, ToolCall
+from mtprun.data.tasks.jsonl_prompts import JsonlPromptTask, read_prompts
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+BAD_LINES = {
+    "unknown role": (
+        {"messages": [{"role": "bot", "content": "x"}]},
+        r"message 0: unknown role 'bot'",
+    ),
+    "empty conversation": ({"messages": []}, "empty conversation"),
+    "non-string content": (
+        {"messages": [{"role": "user", "content": 7}]},
+        "message 0: content must be a string, got int",
+    ),
+    "not json": ('{"messages": [', "not valid JSON"),
+    "no messages key": ({"turns": []}, 'no "messages" key'),
+    "tool call arguments": (
+        {"messages": [{"role": "assistant", "tool_calls": [{"name": "f", "arguments": "[1"}]}]},
+        "tool-call arguments are not JSON",
+    ),
+}
+
+
+def write_lines(path, records) -> None:
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in records]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_bad_records_name_file_and_line_and_the_rest_is_kept(tmp_path, caplog) -> None:
+    path = tmp_path / "sft.jsonl"
+    records, expected_errors = [], []
+    for record, reason in BAD_LINES.values():
+        records += [GOOD, record]
+        expected_errors.append((len(records), reason))
+    records.append(GOOD)
+    write_lines(path, records)
+
+    with caplog.at_level(logging.WARNING, logger="mtprun.data.jsonl"):
+        loaded = read_conversations(path)
+
+    assert len(loaded.records) == len(BAD_LINES) + 1
+    assert all(c == (Message("user", "hi"), Message("assistant", "yo")) for c in loaded.records)
+    assert [e.line for e in loaded.errors] == [line for line, _ in expected_errors]
+    for error, (line, reason) in zip(loaded.errors, expected_errors, strict=True):
+        assert str(error).startswith(f"{path}:{line}: ")
+        assert re.search(reason, str(error)), str(error)
+    assert len(caplog.records) == len(BAD_LINES)
+
+
+def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path) -> None:
+    path = tmp_path / "sft.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n" + '{"messages": 3}\n')
+    loaded = read_conversations(path)
+    assert len(loaded.records) == 1
+    assert [str(e) for e in loaded.errors] == [f'{path}:3: "messages" must be a list, got int']
+
+
+def test_a_file_without_good_records_lists_every_bad_line(tmp_path) -> None:
+    path = tmp_path / "bad.jsonl"
+    write_lines(path, ["nope", {"messages": []}])
+    with pytest.raises(DataFileError) as info:
+        read_conversations(path)
+    message = str(info.value)
+    assert f"no usable record in {path}" in message
+    assert f"{path}:1: not valid JSON" in message and f"{path}:2: empty conversation" in message
+
+
+def test_missing_file_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(DataFileError, match=r"cannot read data file .*missing.jsonl"):
+        read_conversations(tmp_path / "missing.jsonl")
+
+
+def test_tool_calls_parse_in_openai_and_flat_form(tmp_path) -> None:
+    path = tmp_path / "tools.jsonl"
+    openai = {"type": "function", "function": {"name": "calc", "arguments": '{"x": 1}'}}
+    flat = {"name": "calc", "arguments": {"x": 1}}
+    write_lines(
+        path,
+        [
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": [c]}]}
+            for c in (openai, flat)
+        ],
+    )
+    expected = (Message("assistant", "", (ToolCall("calc", {"x": 1}),)),)
+    assert read_conversations(path).records == [expected, expected]
+
+
+def test_prompt_files_need_an_answer_and_feed_a_task(tmp_path) -> None:
+    path = tmp_path / "prompts.jsonl"
+    prompt = {"messages": [{"role": "user", "content": "2+2="}], "answer": "4"}
+    write_lines(path, [prompt, {"messages": [{"role": "user", "content": "x"}]}])
+    loaded = read_prompts(path)
+    assert [p.answer for p in loaded.records] == ["4"]
+    assert 'needs a string "answer"' in str(loaded.errors[0])
+    task = JsonlPromptTask(path)
+    assert [p.answer for p in task.prompts(3, seed=0)] == ["4", "4", "4"]
