@@ -119,7 +119,7 @@ class PolicyModel(GPTModel):
         MTP head k (1-based) at row t reads the trunk's pre-norm hidden at t (head 1) or head
         k-1's output, and the embedding of token t+k = targets[t+k-1]; both are detached, so
         a draft loss never reaches the trunk. Rows whose t+k leaves the sequence hold
-        garbage that the head loss masks out. `targets` is needed only with MTP layers.
+        garbage that the head loss masks out. The MTP heads run only when `targets` is given.
         """
         num_tokens = input_ids.numel()
         mask = packed_causal_mask(cu_seqlens, num_tokens, input_ids.device)
@@ -131,10 +131,8 @@ class PolicyModel(GPTModel):
         return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, mask, rope)
 
     def _mtp_hidden(self, trunk_hidden, targets, position_ids, mask, rope) -> list[torch.Tensor]:
-        if not len(self.mtp_layers):
-            return []
         if targets is None:
-            raise ValueError("a model with MTP layers needs `targets` for its MTP heads")
+            return []
         previous = trunk_hidden.detach()
         outputs = []
         for k, layer in enumerate(self.mtp_layers):

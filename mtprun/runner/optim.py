@@ -1,0 +1,76 @@
+"""torch.optim optimizer, learning-rate schedule and tensor-parallel-aware grad clipping.
+
+Megatron's optimizer wrapper needs CUDA, so the trainer uses torch.optim on every device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from mtprun.spec.trainer import TrainerSection
+
+
+def build_optimizer(trainer: TrainerSection, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay only on matrices (not on norms and biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": trainer.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    if trainer.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=trainer.lr)
+    return torch.optim.SGD(groups, lr=trainer.lr)
+
+
+def lr_factor(trainer: TrainerSection, step: int) -> float:
+    """Multiplier of trainer.lr at optimizer step `step` (0-based): linear warm-up, then
+    constant, linear or cosine decay to 0 at trainer.steps."""
+    if step < trainer.warmup_steps:
+        return (step + 1) / trainer.warmup_steps
+    progress = min(
+        1.0, (step - trainer.warmup_steps) / max(1, trainer.steps - trainer.warmup_steps)
+    )
+    if trainer.schedule == "linear":
+        return 1.0 - progress
+    if trainer.schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0
+
+
+def build_scheduler(
+    trainer: TrainerSection, optimizer: torch.optim.Optimizer
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(trainer, step))
+
+
+def global_grad_norm(
+    params: list[torch.nn.Parameter], tp_group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """L2 norm of all gradients of the full (unsharded) model: squares of tensor-parallel
+    shards are summed over the TP group, replicated tensors are counted once."""
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is None:
+            continue
+        square = p.grad.detach().double().pow(2).sum().cpu()
+        if getattr(p, "tensor_model_parallel", False):
+            sharded += square
+        else:
+            replicated += square
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        dist.all_reduce(sharded, group=tp_group)
+    return (sharded + replicated).sqrt()
+
+
+def clip_grads(
+    params: list[torch.nn.Parameter], max_norm: float | None, tp_group: dist.ProcessGroup | None
+) -> float:
+    """Clip to max_norm (None: measure only); returns the norm before clipping."""
+    norm = global_grad_norm(params, tp_group)
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.float())
+    return float(norm)

@@ -1,0 +1,148 @@
+"""The rollout engine: vLLM in-process, sampling token ids with their log-probs.
+
+The engine runs inside the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), which
+starts several times faster than vLLM's engine-core subprocess and lets weight syncs pass
+tensors by reference. Weight sync goes through vLLM's in-place `reload_weights`, for the
+policy and, with MTP speculative decoding, for the drafter, which holds its own copy.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtprun.spec.rollout import RolloutSection
+
+_SPEC_DECODE_PREFIX = "vllm:spec_decode_"
+
+
+@dataclass
+class Sample:
+    """One completion: sampled token ids, the log-prob of each, and why it stopped
+    ("stop": an end-of-sequence or stop token, included in token_ids; "length": max_tokens)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def configure_vllm_env(work_dir: Path) -> None:
+    """Environment vLLM reads at import/engine start (STACK.md): in-process engine, no
+    torch.compile, offline hub, and caches inside the run folder. Explicit settings win,
+    except the in-process engine, which this class relies on."""
+    cache = Path(work_dir) / "vllm_cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
+    if not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+
+
+def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs inside the vLLM worker: reload the speculative drafter's weights in place."""
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    runner = worker.model_runner
+    reload_weights(
+        runner.vllm_config,
+        runner.drafter.model,
+        weights_iterator=weights,
+        weights_path=None,
+        is_checkpoint_format=True,
+    )
+
+
+class RolloutEngine:
+    """vLLM engine over an HF model folder; `generate` takes and returns token ids."""
+
+    def __init__(self, model_dir: Path, rollout: RolloutSection, seed: int, work_dir: Path):
+        configure_vllm_env(work_dir)
+        from vllm import LLM
+
+        self.rollout = rollout
+        speculative = None
+        if rollout.speculative is not None:
+            speculative = {
+                "method": rollout.speculative.method,
+                "num_speculative_tokens": rollout.speculative.num_speculative_tokens,
+            }
+        self.llm = LLM(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            seed=seed,
+            enforce_eager=True,
+            speculative_config=speculative,
+            disable_log_stats=speculative is None,  # spec-decode counters need stats on
+        )
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> list[list[Sample]]:
+        """n samples for each prompt (token ids), with the rollout section's sampling."""
+        from vllm import SamplingParams, TokensPrompt
+
+        if n < 1:
+            raise ValueError(f"n={n}: ask for at least one sample per prompt")
+        # vLLM refuses n > 1 with greedy sampling; greedy copies are identical anyway.
+        copies = n if self.rollout.temperature == 0 else 1
+        params = SamplingParams(
+            n=n // copies,
+            temperature=self.rollout.temperature,
+            top_p=self.rollout.top_p,
+            max_tokens=max_tokens or self.rollout.max_tokens,
+            stop_token_ids=stop_token_ids,
+            logprobs=0,  # the sampled token's log-prob only
+        )
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        samples = [_sample(c) for out in outputs for c in out.outputs]
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def update_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Load HF-named tensors into the engine (and its MTP drafter); returns seconds."""
+        start = time.perf_counter()
+        weights = [(name, t.detach()) for name, t in named]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.rollout.speculative is not None:
+            self.llm.collective_rpc(_reload_drafter, args=(weights,))
+        self.llm.reset_prefix_cache()
+        return time.perf_counter() - start
+
+    def spec_decode_counters(self) -> dict[str, float]:
+        """vLLM's cumulative speculative-decoding counters (difference them per step):
+        num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos/{i}."""
+        counters: dict[str, float] = {}
+        for metric in self.llm.get_metrics():
+            if not metric.name.startswith(_SPEC_DECODE_PREFIX):
+                continue
+            name = metric.name.removeprefix(_SPEC_DECODE_PREFIX)
+            if hasattr(metric, "values"):
+                counters.update({f"{name}/{i}": float(v) for i, v in enumerate(metric.values)})
+            else:
+                counters[name] = float(metric.value)
+        return counters
+
+    def shutdown(self) -> None:
+        """Free the engine; the object is unusable afterwards."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+
+
+def _sample(completion: Any) -> Sample:
+    token_ids = list(completion.token_ids)
+    logprobs = [step[tok].logprob for tok, step in zip(token_ids, completion.logprobs, strict=True)]
+    return Sample(token_ids, logprobs, completion.finish_reason or "length")

@@ -1,0 +1,229 @@
+"""The trainer: a Megatron-core policy, the fused head loss, torch.optim, weight export.
+
+One Trainer lives in each trainer process. With tensor parallelism each process holds its
+shards and the head loss runs vocab-parallel over the TP group; every process of a TP group
+gets the same micro batches. Data-parallel replicas get different micro batches and average
+their gradients before the optimizer step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from safetensors.torch import load_file
+
+from mtprun.compiler import HeadPlan
+from mtprun.data.batch import PackedBatch
+from mtprun.kernels.output import HeadLossOutput
+from mtprun.models import ModelDims, hf_to_megatron, megatron_to_hf
+from mtprun.models.tp_layout import gather_state_dict
+from mtprun.runner.megatron_model import PolicyModel, load_megatron_weights
+from mtprun.runner.optim import build_optimizer, build_scheduler, clip_grads
+from mtprun.runner.parallel import init_parallel
+from mtprun.spec.recipe import Recipe
+
+
+class Trainer:
+    """Train the policy of `model_dir` (an HF folder) on packed batches with `plan`.
+
+    Call `mtprun.runner.parallel.init_parallel` in every trainer process first; a
+    single-process recipe (tp=pp=cp=dp=1) is initialised here when nobody did.
+    """
+
+    def __init__(self, recipe: Recipe, model_dir: Path, plan: HeadPlan, device: Any) -> None:
+        self.recipe = recipe
+        self.plan = plan
+        self.device = torch.device(device)
+        _ensure_parallel(recipe)
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.tp_group = (
+            parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
+        )
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        if plan.tp_size != self.tp_size:
+            raise ValueError(
+                f"the HeadPlan was compiled for tp_size={plan.tp_size} but parallel.tp="
+                f"{self.tp_size}; compile it from the same recipe"
+            )
+        self.dims = ModelDims.from_model_dir(model_dir)
+        if max(plan.mtp_depths, default=0) > self.dims.mtp_layers:
+            raise ValueError(
+                f"losses: an mtp term of depth {max(plan.mtp_depths)} needs a model with at "
+                f"least that many MTP layers, and {model_dir} has {self.dims.mtp_layers} "
+                "(set model.tiny.architecture: mimo and model.tiny.mtp_layers)"
+            )
+        self.model = PolicyModel(self.dims).to(self.device)
+        tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        hf = read_hf_weights(Path(model_dir))
+        weights = hf_to_megatron(hf, self.dims, tp_rank, self.tp_size, source=str(model_dir))
+        load_megatron_weights(self.model, weights)
+        self.optimizer = build_optimizer(recipe.trainer, self.model)
+        self.scheduler = build_scheduler(recipe.trainer, self.optimizer)
+        self.step = 0
+        self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
+        self._compute_dtype = getattr(torch, recipe.model.dtype)
+
+    def train_step(self, micro_batches: list[PackedBatch]) -> dict[str, float]:
+        """Accumulate gradients over the micro batches, then one clipped optimizer step.
+
+        Micro batch i's loss is weighted by its share of this step's trained tokens, so the
+        step's loss is the token-mean over all micro batches. Returns the loss, every metric
+        of the head loss (same weighting), grad_norm (before clipping), lr (of this step),
+        tokens and trained_tokens (summed over data-parallel replicas).
+        """
+        if not micro_batches:
+            raise ValueError("train_step needs at least one micro batch")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        trained = [int(mb.loss_mask.sum()) for mb in micro_batches]
+        total = max(sum(trained), 1)
+        sums: dict[str, float] = defaultdict(float)
+        for batch, count in zip(micro_batches, trained, strict=True):
+            if count == 0:
+                continue  # nothing to learn; every TP rank skips it alike
+            out = self._head_loss(batch.to(self.device), self.plan)
+            share = count / total
+            (out.loss * share).backward()
+            sums["loss"] += share * float(out.loss.detach())
+            for name, value in out.metrics.items():
+                sums[name] += share * float(value)
+        self._average_data_parallel_grads()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = clip_grads(params, self.recipe.trainer.grad_clip, self.tp_group)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        metrics = self._average_over_data_parallel(dict(sums))
+        tokens = self._sum_over_data_parallel(
+            [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
+        )
+        return {
+            **metrics,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": tokens[0],
+            "trained_tokens": tokens[1],
+        }
+
+    @torch.no_grad()
+    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
+        """[T] log-prob of each target under the current policy, 0 where loss_mask is False
+        (for old and reference log-probs)."""
+        self.model.eval()
+        out = self._head_loss(batch.to(self.device), self._logprob_plan)
+        return out.logprobs.float().cpu()
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors (gathered over TP) for vLLM weight sync and HF export.
+        Every process of the TP group must call it (it all-gathers)."""
+        local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
+        return megatron_to_hf(gather_state_dict(local, self.tp_size, self.tp_group), self.dims)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's model shards, optimizer, scheduler and step (for checkpoints)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+
+    def _head_loss(self, batch: PackedBatch, plan: HeadPlan) -> HeadLossOutput:
+        """Policy forward to the final hidden states, then the fused head loss on them."""
+        from mtprun.kernels import head_loss
+
+        with self._autocast():
+            hidden, mtp_hidden = self.model.hidden_states(
+                batch.input_ids,
+                batch.position_ids,
+                batch.cu_seqlens,
+                targets=batch.targets if plan.mtp_depths else None,
+            )
+        return head_loss(
+            hidden,
+            self.model.output_weight().to(hidden.dtype),
+            plan,
+            targets=batch.targets,
+            loss_mask=batch.loss_mask,
+            advantages=batch.advantages,
+            old_logprobs=batch.old_logprobs,
+            ref_logprobs=batch.ref_logprobs,
+            mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
+            cu_seqlens=batch.cu_seqlens,
+            tp_group=self.tp_group,
+        )
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self._compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self._compute_dtype)
+
+    def _average_data_parallel_grads(self) -> None:
+        if self.dp_size == 1:
+            return
+        group = parallel_state.get_data_parallel_group()
+        for p in self.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=group)
+                p.grad /= self.dp_size
+
+    def _average_over_data_parallel(self, metrics: dict[str, float]) -> dict[str, float]:
+        if self.dp_size == 1:
+            return metrics
+        names = sorted(metrics)
+        values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
+        dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        return dict(zip(names, (values / self.dp_size).tolist(), strict=True))
+
+    def _sum_over_data_parallel(self, counts: list[int]) -> list[int]:
+        if self.dp_size == 1:
+            return counts
+        values = torch.tensor(counts, dtype=torch.int64)
+        dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
+        return values.tolist()
+
+
+def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's *.safetensors files."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights found")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def _ensure_parallel(recipe: Recipe) -> None:
+    if recipe.parallel.pp > 1 or recipe.parallel.cp > 1:
+        raise NotImplementedError(
+            "parallel: the trainer splits models with tp and dp only; set pp: 1 and cp: 1"
+        )
+    if parallel_state.model_parallel_is_initialized():
+        return
+    if recipe.parallel.world_size != 1:
+        raise RuntimeError(
+            f"parallel: {recipe.parallel.world_size} trainer processes; call "
+            "mtprun.runner.parallel.init_parallel(...) in each of them before Trainer(...)"
+        )
+    init_parallel(recipe.parallel, 0, 1, "127.0.0.1", _free_port(), seed=recipe.seed)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

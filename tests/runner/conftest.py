@@ -1,0 +1,98 @@
+"""Shared runner fixtures: tiny model folders built once per session, recipes, batches."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from mtprun.data.batch import PackedBatch
+from mtprun.data.tokenizer import build_tokenizer
+from mtprun.models import build_tiny_model
+from mtprun.spec.model import TinyModel
+from mtprun.spec.recipe import Recipe
+
+# chatml: 102 tokens, an even vocab, so TP=2 splits it. Head size 32 (vLLM's CPU minimum),
+# kv_heads 2 so TP=2 splits the key/value groups too.
+TEMPLATE = "chatml"
+TINY = {
+    "hidden": 64,
+    "layers": 2,
+    "heads": 2,
+    "kv_heads": 2,
+    "intermediate": 128,
+    "max_seq_len": 256,
+}
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer(TEMPLATE)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-init Qwen2 folder (untied output layer)."""
+    spec = TinyModel(architecture="qwen2", **TINY)
+    return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("qwen2"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_mimo_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-init MiMo folder: Qwen2 trunk plus one MTP layer."""
+    spec = TinyModel(architecture="mimo", mtp_layers=1, **TINY)
+    return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("mimo"), seed=0)
+
+
+def make_recipe(model_dir: Path, **sections: Any) -> Recipe:
+    """An SFT recipe on `model_dir`; keyword arguments replace whole sections."""
+    data = {
+        "name": "test",
+        "model": {"path": str(model_dir)},
+        "data": {"source": "arithmetic", "template": TEMPLATE},
+        **sections,
+    }
+    return Recipe.model_validate(data)
+
+
+def random_packed_batch(
+    vocab: int, lengths: list[int], seed: int, rl: bool = False, masked_frac: float = 0.3
+) -> PackedBatch:
+    """Sequences of random tokens packed back to back, with a random loss mask (never on the
+    last token of a sequence) and, for RL, random advantages and old/ref log-probs."""
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    tokens = torch.randint(0, vocab, (total,), generator=g)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    targets = torch.roll(tokens, -1)
+    loss_mask = torch.rand(total, generator=g) >= masked_frac
+    loss_mask[cu_seqlens[1:].long() - 1] = False
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    extras = {}
+    if rl:
+        extras = {
+            "advantages": torch.randn(total, generator=g),
+            "old_logprobs": -torch.rand(total, generator=g) * 5,
+            "ref_logprobs": -torch.rand(total, generator=g) * 5,
+        }
+    return PackedBatch(tokens, targets, loss_mask, positions, cu_seqlens, **extras)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def megatron_tp1():
+    """Megatron-core model parallelism of one process (tp=pp=cp=dp=1) in the test process."""
+    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.spec.parallel import ParallelSection
+
+    init_parallel(ParallelSection(), 0, 1, "127.0.0.1", free_port())
+    yield
+    destroy_parallel()
