@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import types
 import typing
@@ -12,7 +11,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from mtprun.spec.document import Document, KeyPath
-from mtprun.spec.errors import Diagnostic
+from mtprun.spec.errors import Diagnostic, did_you_mean
+from mtprun.spec.losses import LOSS_KINDS
 from mtprun.spec.recipe import Recipe
 
 ROOT_ONLY_KEYS = ("extends",)  # read by the loader, never reaches the schema
@@ -28,7 +28,7 @@ def _diagnostic(error: ErrorDetails, doc: Document) -> Diagnostic:
     if kind == "extra_forbidden":
         key = str(path[-1])
         section = f" in '{_dotted(path[:-1])}'" if len(path) > 1 else ""
-        message = f"unknown key '{key}'{section}{_suggest(key, _known_keys(path[:-1], doc))}"
+        message = f"unknown key '{key}'{section}{did_you_mean(key, _known_keys(path[:-1], doc))}"
         return Diagnostic(doc.position(path, at_key=True), message)
     if kind == "missing":
         field = error["loc"][-1]
@@ -41,7 +41,7 @@ def _diagnostic(error: ErrorDetails, doc: Document) -> Diagnostic:
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", error["ctx"]["expected"])
         got = error["input"]
-        hint = _suggest(got, allowed) if isinstance(got, str) else ""
+        hint = did_you_mean(got, allowed) if isinstance(got, str) else ""
         what = f"{_dotted(path[:-1])}: invalid key" if at_key else f"{_dotted(path)}: invalid value"
         message = f"{what} {got!r}{hint}; allowed: {', '.join(repr(a) for a in allowed)}"
         return Diagnostic(doc.position(path, at_key=at_key), message)
@@ -55,16 +55,14 @@ def _diagnostic(error: ErrorDetails, doc: Document) -> Diagnostic:
 
 
 def _tag_diagnostic(error: ErrorDetails, path: KeyPath, doc: Document) -> Diagnostic:
-    allowed = [t.strip(" '") for t in error["ctx"]["expected_tags"].split(",")]
-    choices = ", ".join(allowed)
+    # The only discriminated union of models in a recipe is a loss term's `kind`.
+    choices = ", ".join(LOSS_KINDS)
     if error["type"] == "union_tag_not_found":
-        return Diagnostic(
-            doc.position_of(path), f"{_dotted(path)}: a loss term needs `kind:` (one of {choices})"
-        )
+        message = f"{_dotted(path)}: a loss term needs `kind:` (one of {choices})"
+        return Diagnostic(doc.position_of(path), message)
     tag = str(error["ctx"]["tag"])
-    message = (
-        f"{_dotted(path)}: unknown loss kind '{tag}'{_suggest(tag, allowed)}; allowed: {choices}"
-    )
+    hint = did_you_mean(tag, list(LOSS_KINDS))
+    message = f"{_dotted(path)}: unknown loss kind '{tag}'{hint}; allowed: {choices}"
     return Diagnostic(doc.position((*path, "kind")), message)
 
 
@@ -133,11 +131,6 @@ def _models_in(annotation: Any) -> typing.Iterator[type[BaseModel]]:
         return
     for arg in typing.get_args(annotation):
         yield from _models_in(arg)
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean '{match[0]}'?)" if match else ""
 
 
 def _dotted(path: KeyPath) -> str:

@@ -25,24 +25,27 @@ class _Term(BaseModel):
 class CETerm(_Term):
     """Cross-entropy to the next token."""
 
-    kind: Literal["ce"] = "ce"
+    kind: Literal["ce"] = Field("ce", description="Term kind.")
 
 
 class ZLossTerm(_Term):
     """lse^2 penalty that keeps the softmax normaliser near 1 (PaLM)."""
 
-    kind: Literal["z_loss"] = "z_loss"
-    weight: float = Field(1e-4, ge=0)
+    kind: Literal["z_loss"] = Field("z_loss", description="Term kind.")
+    weight: float = Field(1e-4, ge=0, description="Multiplier of lse^2 in the summed loss.")
 
 
 class GRPOTerm(_Term):
     """PPO-clip policy gradient on group-normalised advantages, plus a KL to a reference."""
 
-    kind: Literal["grpo"] = "grpo"
+    kind: Literal["grpo"] = Field("grpo", description="Term kind.")
     clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio lower bound is 1 - clip_low.")
     clip_high: float = Field(0.28, gt=0, description="Ratio upper bound is 1 + clip_high.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the reference policy.")
-    kl_estimator: KLEstimator = "k3"
+    kl_estimator: KLEstimator = Field(
+        "k3",
+        description="KL estimator (Schulman): k1 log-ratio, k2 squared, k3 unbiased low-variance.",
+    )
 
 
 class EntropyTerm(BaseModel):
@@ -50,9 +53,11 @@ class EntropyTerm(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["entropy"] = "entropy"
+    kind: Literal["entropy"] = Field("entropy", description="Term kind.")
     coef: float = Field(0.0, ge=0, description="Entropy bonus; 0 reports the metric only.")
-    loss_agg: LossAgg = "token-mean"
+    loss_agg: LossAgg = Field(
+        "token-mean", description="How per-token entropies become one number."
+    )
 
     @property
     def weight(self) -> float:
@@ -62,16 +67,16 @@ class EntropyTerm(BaseModel):
 class DistillTerm(_Term):
     """Soft cross-entropy (forward KL up to a constant) to a teacher's tempered distribution."""
 
-    kind: Literal["distill"] = "distill"
+    kind: Literal["distill"] = Field("distill", description="Term kind.")
     teacher: str = Field(..., description="HF folder of the teacher model.")
-    temperature: float = Field(1.0, gt=0)
+    temperature: float = Field(1.0, gt=0, description="Softmax temperature of the teacher.")
 
 
 class MTPTerm(_Term):
     """Draft loss of the multi-token-prediction heads; never reaches the policy trunk."""
 
-    kind: Literal["mtp"] = "mtp"
-    weight: float = Field(0.3, ge=0)
+    kind: Literal["mtp"] = Field("mtp", description="Term kind.")
+    weight: float = Field(0.3, ge=0, description="Multiplier of the draft loss in the summed loss.")
     depth: int = Field(1, ge=1, description="Number of MTP heads trained (head k predicts t+k).")
     target: Literal["soft", "topk", "hard"] = Field(
         "soft",

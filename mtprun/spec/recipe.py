@@ -39,11 +39,21 @@ class Recipe(Section):
         description="Loss terms, fused into one head kernel; the loss is their weighted sum.",
     )
     mask: MaskPolicy = Field("sampled", description="Which tokens the loss trains.")
-    parallel: ParallelSection = Field(default_factory=ParallelSection)
-    rollout: RolloutSection = Field(default_factory=RolloutSection)
-    trainer: TrainerSection = Field(default_factory=TrainerSection)
-    tracking: TrackingSection = Field(default_factory=TrackingSection)
-    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    parallel: ParallelSection = Field(
+        default_factory=ParallelSection, description="Model-parallel layout of the trainer."
+    )
+    rollout: RolloutSection = Field(
+        default_factory=RolloutSection, description="Generation engine of RL rollouts."
+    )
+    trainer: TrainerSection = Field(
+        default_factory=TrainerSection, description="Optimizer, schedule and step budget."
+    )
+    tracking: TrackingSection = Field(
+        default_factory=TrackingSection, description="Where MLflow records the run."
+    )
+    resources: ResourcesSection = Field(
+        default_factory=ResourcesSection, description="Ray cluster and per-actor resources."
+    )
 
     @model_validator(mode="before")
     @classmethod

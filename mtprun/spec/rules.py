@@ -7,10 +7,12 @@ runs only when those validated, so one broken section does not hide the other se
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from mtprun.spec.errors import did_you_mean
 from mtprun.spec.mask import uses_sampled_flags
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
@@ -105,7 +107,7 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
 @rule("losses")
 def _some_weight_positive(r: Recipe) -> Iterator[Issue]:
     terms = [t for _, t in _terms(r)]
-    if len(terms) == len(r.losses) and all(t.weight == 0 for t in terms):
+    if terms and len(terms) == len(r.losses) and all(t.weight == 0 for t in terms):
         yield Issue(("losses",), "every loss term has weight 0 (coef for entropy): nothing trains")
 
 
@@ -186,18 +188,15 @@ def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("parallel", "model")
-def _tp_splits_heads(r: Recipe) -> Iterator[Issue]:
+def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
     tiny, tp = r.model.tiny, r.parallel.tp
     if tiny is None or tp == 1:
         return
-    for name in ("heads", "kv_heads"):
+    # Each rank holds whole attention heads and a slice of the MLP; the vocab is padded instead.
+    for name in ("heads", "kv_heads", "intermediate"):
         count = getattr(tiny, name)
         if count % tp:
-            yield Issue(
-                ("parallel", "tp"),
-                f"tp {tp} does not divide model.tiny.{name} ({count}); each rank needs whole "
-                "attention heads",
-            )
+            yield Issue(("parallel", "tp"), f"tp {tp} does not divide model.tiny.{name} ({count})")
 
 
 @rule("parallel", "resources")
@@ -237,9 +236,40 @@ def _sampled_flags_available(r: Recipe) -> Iterator[Issue]:
     sft = r.data is not None or r.warmstart is not None
     if sft and r.model.path is not None and uses_sampled_flags(r.mask):
         yield Issue(
-            ("mask",),
-            "the SFT data is rendered with the HF model's own chat template, which gives no "
-            "per-token sampled flags: this policy falls back to the role spans (assistant "
-            "tokens for 'sampled'); set `mask: all` or a roles table to say so explicitly",
+            ("model", "path"),
+            "SFT data is rendered with this model's own chat template: unless it is exactly "
+            "mtprun's char, chatml or glm template it gives no per-token sampled flags, and "
+            "the mask policy falls back to assistant role spans (a stop token the template "
+            "files under the next message is not trained); `mask: all` trains every token",
             "warning",
         )
+
+
+@rule("task", "data", "warmstart")
+def _sources_exist(r: Recipe) -> Iterator[Issue]:
+    # The data package owns the registry of built-in tasks; imported only when checking.
+    from mtprun.data.tasks import REWARDS, TASKS
+
+    sources: list[tuple[Path, str]] = []
+    if r.task is not None:
+        sources.append((("task", "name"), r.task.name))
+        if r.task.reward not in REWARDS:
+            hint = did_you_mean(r.task.reward, REWARDS)
+            yield Issue(
+                ("task", "reward"),
+                f"unknown reward '{r.task.reward}'{hint}; registered: {', '.join(REWARDS)}",
+            )
+    if r.data is not None:
+        sources.append((("data", "source"), r.data.source))
+    if r.warmstart is not None:
+        sources.append((("warmstart", "data", "source"), r.warmstart.data.source))
+    for path, source in sources:
+        if source.endswith(".jsonl"):
+            if not os.path.isfile(source):
+                yield Issue(path, f"file not found: {source}")
+        elif source not in TASKS:
+            yield Issue(
+                path,
+                f"unknown built-in task '{source}'{did_you_mean(source, TASKS)}; built-in: "
+                f"{', '.join(TASKS)}; or give a .jsonl file",
+            )

@@ -1,0 +1,145 @@
+"""The `mtprun` command line: validate / plan / schema, as users and CI run them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtprun.cli import main
+from mtprun.compiler import HeadPlan, compile_recipe
+from mtprun.spec import load_recipe
+from mtprun.spec.schema import recipe_json_schema
+
+REPO = Path(__file__).resolve().parents[2]
+MTPRUN = Path(sys.executable).parent / "mtprun"  # the installed console script
+
+# A typo, a wrong type, an out-of-range value, an unknown loss kind and a broken cross-field
+# rule (grpo without a task): the issue's "five errors at once".
+FIVE_ERRORS = """\
+name: five
+model:
+  tiny: {hidden: 128, heads: 2, kv_heads: 1}
+data:
+  source: arithmetic
+  packing_lenght: 256
+trainer:
+  steps: many
+  lr: -1.0e-4
+losses:
+  - kind: grpo
+  - kind: focal
+"""
+
+
+def _mtprun(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(MTPRUN), *args], cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_shipped_recipes_validate() -> None:
+    recipes = sorted(str(p.relative_to(REPO)) for p in (REPO / "recipes").glob("*.yaml"))
+    result = _mtprun("validate", *recipes)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    for name in ("quickstart", "sft-zloss", "grpo-agentic", "mtp-specdec", "megatron-tp2"):
+        assert name in result.stdout
+
+
+def test_five_errors_at_once_exit_2_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "five.yaml").write_text(FIVE_ERRORS)
+    result = _mtprun("validate", "five.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "five.yaml:6:3: unknown key 'packing_lenght' in 'data' (did you mean 'packing_length'?)",
+        "five.yaml:8:10: trainer.steps: input should be a valid integer, unable to parse string "
+        "as an integer (got 'many')",
+        "five.yaml:9:7: trainer.lr: input should be greater than 0 (got -0.0001)",
+        "five.yaml:11:11: loss 'grpo' trains on rollouts and needs a `task:` with a `reward:`",
+        "five.yaml:12:11: losses.1: unknown loss kind 'focal'; allowed: ce, z_loss, grpo, "
+        "entropy, distill, mtp",
+    ]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "5 error(s)" in result.stdout
+
+
+def test_yaml_syntax_error_exit_2_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "broken.yaml").write_text("name: x\nmodel: {tiny: {}\n")
+    result = _mtprun("validate", "broken.yaml", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "broken.yaml:3:1: YAML syntax error: expected ',' or '}', but got '<stream end>'"
+    ]
+    assert "Traceback" not in result.stdout
+
+
+def test_validate_reports_every_file_and_applies_overrides_to_all(tmp_path, capsys) -> None:
+    good = REPO / "recipes" / "sft-zloss.yaml"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(FIVE_ERRORS)
+    code = main(["validate", str(good), str(bad), "trainer.steps=3"])
+    out = capsys.readouterr()
+    assert code == 2
+    # The override fixed `steps: many`; the other four errors remain.
+    assert len(out.err.splitlines()) == 4
+    assert "sft-zloss" in out.out and "4 error(s)" in out.out
+
+
+def test_plan_json_round_trips_to_the_compiled_plan(capsys) -> None:
+    recipe_path = REPO / "recipes" / "mtp-specdec.yaml"
+    assert main(["plan", str(recipe_path), "parallel.tp=1", "--json"]) == 0
+    printed = capsys.readouterr().out
+    assert HeadPlan.from_json(printed) == compile_recipe(load_recipe(recipe_path))
+
+
+def test_plan_view_shows_passes_collectives_and_memory(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # one table row per line
+    recipe_path = REPO / "recipes" / "quickstart.yaml"
+    overrides = ["parallel.tp=2", "model.tiny.kv_heads=2"]
+    assert main(["plan", str(recipe_path), *overrides]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "vocab passes" in out and "1 statistics pass" in out
+    assert "collectives / micro batch" in out and "fused 1, unfused 6" in out
+    assert "(padded to 106, a multiple of tp)" in out
+    assert "head-loss memory / micro batch" in out
+
+
+def test_plan_of_an_invalid_recipe_exits_2(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(FIVE_ERRORS)
+    assert main(["plan", str(bad)]) == 2
+    assert len(capsys.readouterr().err.splitlines()) == 5
+
+
+def test_plan_without_the_model_folder_still_shows_the_plan(capsys) -> None:
+    assert main(["plan", str(REPO / "recipes" / "megatron-tp2.yaml")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "config.json not found" in out and "grpo" in out
+
+
+def test_schema_written_with_o_is_the_recipe_schema(tmp_path: Path) -> None:
+    target = tmp_path / "schema.json"
+    assert main(["schema", "-o", str(target)]) == 0
+    assert json.loads(target.read_text()) == recipe_json_schema()
+
+
+def test_schema_to_stdout(capsys) -> None:
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["properties"]["name"]["type"] == "string"
+
+
+def test_unknown_command_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["frobnicate"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
+
+
+def test_validate_needs_a_file(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["validate"])
+    assert "the following arguments are required" in capsys.readouterr().err

@@ -1,0 +1,151 @@
+"""Every schema error is reported as `file:line:col: message` at the key or value written."""
+
+from __future__ import annotations
+
+import pytest
+
+# (recipe text appended to BASE, expected "line:col: message" lines). BASE has 9 lines.
+CASES = {
+    "unknown top-level key": (
+        "lossses: []\n",
+        ["10:1: unknown key 'lossses' (did you mean 'losses'?)"],
+    ),
+    "unknown nested key": (
+        "trainer:\n  learning_rate: 0.1\n",
+        ["11:3: unknown key 'learning_rate' in 'trainer'"],
+    ),
+    "misspelled nested key": (
+        "trainer:\n  stpes: 3\n",
+        ["11:3: unknown key 'stpes' in 'trainer' (did you mean 'steps'?)"],
+    ),
+    "unknown key inside a loss term": (
+        "losses:\n  - kind: grpo\n    clip_lo: 0.1\n",
+        ["12:5: unknown key 'clip_lo' in 'losses.0' (did you mean 'clip_low'?)"],
+    ),
+    "wrong type": (
+        "trainer:\n  steps: ten\n",
+        [
+            "11:10: trainer.steps: input should be a valid integer, unable to parse string as "
+            "an integer (got 'ten')"
+        ],
+    ),
+    "out of range": (
+        "trainer:\n  lr: -0.5\n",
+        ["11:7: trainer.lr: input should be greater than 0 (got -0.5)"],
+    ),
+    "out of range in a loss term": (
+        "losses:\n  - kind: ce\n  - kind: grpo\n    clip_low: 1.5\n",
+        ["13:15: losses.1.clip_low: input should be less than 1 (got 1.5)"],
+    ),
+    "literal with a close match": (
+        "rollout:\n  engine: vlm\n",
+        ["11:11: rollout.engine: invalid value 'vlm' (did you mean 'vllm'?); allowed: 'vllm'"],
+    ),
+    "unknown loss kind": (
+        "losses:\n  - kind: focal\n",
+        [
+            "11:11: losses.0: unknown loss kind 'focal'; "
+            "allowed: ce, z_loss, grpo, entropy, distill, mtp"
+        ],
+    ),
+    "misspelled loss kind": (
+        "losses:\n  - {kind: zloss}\n",
+        [
+            "11:12: losses.0: unknown loss kind 'zloss' (did you mean 'z_loss'?); "
+            "allowed: ce, z_loss, grpo, entropy, distill, mtp"
+        ],
+    ),
+    "loss term without kind": (
+        "losses:\n  - weight: 1.0\n",
+        [
+            "11:5: losses.0: a loss term needs `kind:` "
+            "(one of ce, z_loss, grpo, entropy, distill, mtp)"
+        ],
+    ),
+    "empty loss list": (
+        "losses: []\n",
+        ["10:1: losses: list should have at least 1 item after validation, not 0"],
+    ),
+    "bad mask name": (
+        "mask: sampeld\n",
+        [
+            "10:7: mask: invalid value 'sampeld' (did you mean 'sampled'?); "
+            "allowed: 'sampled', 'all'"
+        ],
+    ),
+    "bad mask role": (
+        "mask:\n  assistant: true\n  tools: false\n",
+        [
+            "12:3: mask: invalid key 'tools' (did you mean 'tool'?); "
+            "allowed: 'system', 'user', 'assistant', 'tool'"
+        ],
+    ),
+    "mask role flag not a bool": (
+        "mask: {assistant: maybe}\n",
+        [
+            "10:19: mask.assistant: input should be a valid boolean, unable to interpret "
+            "input (got 'maybe')"
+        ],
+    ),
+    "missing required key in a section": (
+        "warmstart:\n  steps: 3\n  lr: 0.1\n",
+        ["10:1: missing required key 'data' in 'warmstart'"],
+    ),
+    "model validator error points at its section": (
+        "parallel: {tp: 1}\n",
+        [],
+    ),
+    "topk target without k": (
+        "losses:\n  - kind: ce\n  - kind: mtp\n    target: topk\n",
+        ["12:5: losses.1: target 'topk' needs `topk: K` (for example topk: 20)"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_error_is_located_at_what_was_written(
+    write_recipe, located, base_recipe, case: str
+) -> None:
+    extra, expected = CASES[case]
+    path = write_recipe(base_recipe + extra)
+    assert located(path) == [f"{path}:{line}" for line in expected]
+
+
+def test_missing_top_level_key_points_at_the_file_start(write_recipe, located) -> None:
+    path = write_recipe("model:\n  tiny: {}\ndata: {source: arithmetic}\n")
+    assert located(path) == [f"{path}:1:1: missing required key 'name'"]
+
+
+def test_model_path_and_tiny_together(write_recipe, located, base_recipe) -> None:
+    path = write_recipe(base_recipe.replace("model:\n", "model:\n  path: /m\n"))
+    assert located(path) == [
+        f"{path}:2:1: model: set exactly one of `path` (an HF model folder) and `tiny`"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: [t\nmodel: {}\n", "2:6: YAML syntax error: expected ',' or ']', but got ':'"),
+        ("name: t\n  model: 1\n", "2:8: YAML syntax error: mapping values are not allowed here"),
+        (
+            "name: t\nname: u\n",
+            '2:1: YAML syntax error: found duplicate key "name" with value "u" '
+            '(original value: "t")',
+        ),
+        (
+            "name: !!python/object:os.system t\n",
+            "1:7: YAML tag 'tag:yaml.org,2002:python/object:os.system' is not allowed: "
+            "recipes are plain data (remove the tag)",
+        ),
+        ("- name: t\n", "1:1: a recipe is a mapping of sections (name:, model:, ...)"),
+    ],
+)
+def test_yaml_problems_are_located(write_recipe, located, text: str, expected: str) -> None:
+    path = write_recipe(text)
+    assert located(path) == [f"{path}:{expected}"]
+
+
+def test_unreadable_file(tmp_path, located) -> None:
+    missing = tmp_path / "nope.yaml"
+    assert located(missing) == [f"{missing}:1:1: cannot read: No such file or directory"]

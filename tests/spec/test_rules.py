@@ -1,0 +1,164 @@
+"""Cross-field rules: each reported at the offending value, in the file that wrote it."""
+
+from __future__ import annotations
+
+import pytest
+
+from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
+
+TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1\n"  # 6 lines
+SFT = TINY + "data: {source: arithmetic}\n"  # 7 lines
+RL = TINY + "task: {name: arithmetic, reward: arithmetic}\nlosses: [{kind: grpo}]\n"  # 8 lines
+MIMO = TINY + "    architecture: mimo\n    mtp_layers: 1\ndata: {source: arithmetic}\n"  # 9 lines
+CPU_DIMS = ", ".join(map(str, VLLM_CPU_HEAD_DIMS))
+
+CASES = {
+    "neither data nor task": (
+        TINY,
+        ["1:1: a recipe needs `data:` (SFT) or `task:` (RL); neither is set"],
+    ),
+    "data and task": (
+        RL + "data: {source: arithmetic}\n",
+        [
+            "9:1: `data:` (SFT) and `task:` (RL) are both set; to run SFT before RL, "
+            "move `data:` under `warmstart:`"
+        ],
+    ),
+    "warmstart without task": (
+        SFT + "warmstart:\n  data: {source: arithmetic}\n  steps: 3\n  lr: 0.1\n",
+        ["8:1: `warmstart:` is an SFT stage before RL and needs `task:`"],
+    ),
+    "warmstart template differs from the task's": (
+        RL + "warmstart:\n  data: {source: arithmetic, template: glm}\n  steps: 3\n  lr: 0.1\n",
+        [
+            "10:40: warm-start template 'glm' differs from the task's 'char'; both stages "
+            "train one model with one tokenizer"
+        ],
+    ),
+    "grpo without a task": (
+        SFT + "losses:\n  - kind: ce\n  - kind: grpo\n",
+        ["10:11: loss 'grpo' trains on rollouts and needs a `task:` with a `reward:`"],
+    ),
+    "task without a policy-gradient loss (warning)": (
+        RL.replace("grpo", "ce"),
+        [
+            "7:1: warning: the task's rewards are unused: no loss term is a policy gradient "
+            "(add kind: grpo)"
+        ],
+    ),
+    "every weight zero": (
+        SFT + "losses:\n  - {kind: ce, weight: 0}\n  - {kind: entropy}\n",
+        ["8:1: every loss term has weight 0 (coef for entropy): nothing trains"],
+    ),
+    "one term per kind": (
+        SFT + "losses:\n  - kind: ce\n  - kind: ce\n",
+        ["10:11: loss kind 'ce' is already losses.0; one term per kind (merge their weights)"],
+    ),
+    "hidden not divisible by heads": (
+        SFT.replace("heads: 2", "heads: 3"),
+        ["5:12: hidden 128 is not divisible by heads 3"],
+    ),
+    "head size vLLM's CPU attention rejects": (
+        SFT.replace("heads: 2", "heads: 8"),
+        [
+            f"5:12: head size hidden/heads = 16 is not one vLLM's CPU attention accepts "
+            f"({CPU_DIMS}); heads in [1, 2, 4] fit hidden 128"
+        ],
+    ),
+    "heads not divisible by kv_heads": (
+        SFT.replace("kv_heads: 1", "kv_heads: 3"),
+        ["6:15: heads 2 is not divisible by kv_heads 3"],
+    ),
+    "mtp layers need mimo": (
+        MIMO.replace("architecture: mimo", "architecture: qwen2"),
+        ["8:17: MTP layers need architecture 'mimo', not 'qwen2'"],
+    ),
+    "mtp depth beyond the model's MTP layers": (
+        MIMO + "losses:\n  - kind: ce\n  - kind: mtp\n    depth: 2\n",
+        [
+            "13:12: mtp depth 2 exceeds the model's MTP layers (1); set "
+            "model.tiny.architecture: mimo and mtp_layers >= depth"
+        ],
+    ),
+    "mtp loss on a model without MTP layers": (
+        SFT + "losses:\n  - kind: ce\n  - kind: mtp\n",
+        [
+            "10:5: mtp depth 1 exceeds the model's MTP layers (0); set "
+            "model.tiny.architecture: mimo and mtp_layers >= depth"
+        ],
+    ),
+    "speculative mtp without MTP layers": (
+        SFT + "rollout:\n  speculative: {method: mtp}\n",
+        [
+            "9:25: speculative method 'mtp' drafts with the model's MTP layers, and it has "
+            "none; set model.tiny.architecture: mimo and mtp_layers: 1"
+        ],
+    ),
+    "speculative mtp drafts one token": (
+        MIMO + "rollout:\n  speculative:\n    num_speculative_tokens: 2\n",
+        ["12:29: MiMo-style MTP drafts 1 token per step in vLLM, not 2"],
+    ),
+    "tp splits heads and the MLP": (
+        SFT + "parallel:\n  tp: 2\n",
+        ["9:7: tp 2 does not divide model.tiny.kv_heads (1)"],
+    ),
+    "world size": (
+        SFT + "parallel: {tp: 1, dp: 2}\nresources: {world_size: 3}\n",
+        ["9:25: world_size 3 != tp*pp*cp*dp = 1*1*1*2 = 2"],
+    ),
+    "context parallel chunks": (
+        TINY
+        + "data: {source: arithmetic, packing_length: 510}\nparallel: {cp: 2}\n"
+        + "trainer: {micro_batch_tokens: 1000}\n",
+        [
+            "7:44: 510 is not divisible by 2*cp = 4 (context parallelism splits each row "
+            "into 2*cp chunks)",
+        ],
+    ),
+    "unknown task, reward and data source": (
+        TINY
+        + "task: {name: arithmetc, reward: nope}\nlosses: [{kind: grpo}]\n"
+        + "warmstart: {data: {source: calculator}, steps: 1, lr: 0.1}\n",
+        [
+            "7:14: unknown built-in task 'arithmetc' (did you mean 'arithmetic'?); built-in: "
+            "arithmetic, calculator_tool; or give a .jsonl file",
+            "7:33: unknown reward 'nope'; registered: arithmetic, calculator_tool, exact_answer",
+            "9:28: unknown built-in task 'calculator' (did you mean 'calculator_tool'?); "
+            "built-in: arithmetic, calculator_tool; or give a .jsonl file",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rule_is_reported_at_the_offending_value(write_recipe, located, case: str) -> None:
+    text, expected = CASES[case]
+    path = write_recipe(text)
+    assert located(path) == [f"{path}:{line}" for line in expected]
+
+
+def test_missing_jsonl_is_resolved_against_the_recipe_folder(write_recipe, located) -> None:
+    path = write_recipe(TINY + "data: {source: data/sft.jsonl}\n", "sub/r.yaml")
+    missing = path.parent / "data" / "sft.jsonl"
+    assert located(path) == [f"{path}:7:16: file not found: {missing}"]
+    missing.parent.mkdir()
+    missing.write_text("")
+    assert located(path) == []
+
+
+def test_model_path_with_sampled_mask_warns_about_the_fallback(write_recipe, located) -> None:
+    text = "name: t\nmodel: {path: /models/m}\ndata: {source: arithmetic}\n"
+    path = write_recipe(text)
+    [warning] = located(path)
+    assert warning.startswith(f"{path}:2:15: warning: SFT data is rendered with this model's own")
+    assert "falls back to assistant role spans" in warning
+    assert located(path, ["mask=all"]) == []
+
+
+def test_rules_still_run_when_other_sections_are_invalid(write_recipe, located) -> None:
+    # A broken trainer section must not hide the grpo rule (it reads losses and task only).
+    path = write_recipe(SFT + "losses: [{kind: grpo}]\ntrainer: {steps: 0}\n")
+    assert located(path) == [
+        f"{path}:8:17: loss 'grpo' trains on rollouts and needs a `task:` with a `reward:`",
+        f"{path}:9:18: trainer.steps: input should be greater than or equal to 1 (got 0)",
+    ]

@@ -1,0 +1,67 @@
+"""The recipes in recipes/ validate cleanly, and editors get a schema that matches the code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from ruamel.yaml import YAML
+
+from mtprun.spec import check_recipe
+from mtprun.spec.schema import recipe_json_schema
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+SCHEMA_LINE = "# yaml-language-server: $schema=schema.json"
+SHIPPED = sorted(RECIPES.glob("*.yaml"))
+
+
+def test_the_promised_recipes_are_shipped() -> None:
+    names = {p.stem for p in SHIPPED}
+    assert names >= {"quickstart", "sft-zloss", "grpo-agentic", "mtp-specdec", "megatron-tp2"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_recipe_validates_without_errors_or_warnings(path: Path) -> None:
+    check = check_recipe(path)
+    assert [str(d) for d in check.diagnostics] == []
+    assert check.recipe is not None and check.recipe.name == path.stem
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_recipe_points_editors_at_the_schema(path: Path) -> None:
+    assert path.read_text(encoding="utf-8").splitlines()[0] == SCHEMA_LINE
+    data = YAML(typ="safe").load(path)
+    jsonschema.validate(data, json.loads((RECIPES / "schema.json").read_text()))
+
+
+def test_committed_schema_matches_the_code() -> None:
+    committed = json.loads((RECIPES / "schema.json").read_text(encoding="utf-8"))
+    assert committed == recipe_json_schema(), "regenerate: mtprun schema -o recipes/schema.json"
+
+
+@pytest.mark.parametrize(
+    ("data", "complaint"),
+    [
+        ({"name": "x", "model": {"tiny": {}}, "lossses": []}, "lossses"),
+        ({"name": "x", "model": {"tiny": {"heads": "four"}}}, "four"),
+        ({"name": "x", "model": {"tiny": {}}, "losses": [{"kind": "focal"}]}, "focal"),
+        ({"name": "x", "model": {"tiny": {}}, "mask": {"bob": True}}, "bob"),
+    ],
+)
+def test_schema_rejects_what_the_loader_rejects(data: dict, complaint: str) -> None:
+    with pytest.raises(jsonschema.ValidationError, match=complaint):
+        jsonschema.validate(data, recipe_json_schema())
+
+
+def test_schema_accepts_extends_and_documents_every_field() -> None:
+    schema = recipe_json_schema()
+    jsonschema.validate({"extends": ["a.yaml"], "name": "x", "model": {"tiny": {}}}, schema)
+    undocumented = [
+        f"{section}.{name}"
+        for section, definition in [("<recipe>", schema), *schema["$defs"].items()]
+        for name, field in definition.get("properties", {}).items()
+        if "description" not in field
+    ]
+    assert undocumented == []
