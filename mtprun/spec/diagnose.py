@@ -45,6 +45,9 @@ def _diagnostic(error: ErrorDetails, doc: Document) -> Diagnostic:
         what = f"{_dotted(path[:-1])}: invalid key" if at_key else f"{_dotted(path)}: invalid value"
         message = f"{what} {got!r}{hint}; allowed: {', '.join(repr(a) for a in allowed)}"
         return Diagnostic(doc.position(path, at_key=at_key), message)
+    if kind == "string_pattern_mismatch" and path == ("name",):
+        message = f"name: {error['input']!r} is not a run name: use letters, digits, '.', '_', '-'"
+        return Diagnostic(doc.position(path), message)
     message = error["msg"].removeprefix("Value error, ")
     message = message[0].lower() + message[1:]
     got = error["input"]

@@ -17,12 +17,17 @@ from mtprun.spec.rollout import RolloutSection
 from mtprun.spec.tracking import TrackingSection
 from mtprun.spec.trainer import TrainerSection
 
+RUN_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 SKIP_RULES = "mtprun.skip_rules"
 """Validation-context flag: the loader checks the cross-field rules itself, with locations."""
 
 
 class Recipe(Section):
-    name: str = Field(..., min_length=1, description="Run name (also the default run folder).")
+    name: str = Field(
+        ...,
+        pattern=RUN_NAME_PATTERN,
+        description="Run name: letters, digits, '.', '_', '-' (it names the default run folder).",
+    )
     seed: int = Field(0, description="Seed of model init, data order and sampling.")
     run_dir: str | None = Field(
         None, description="Folder of checkpoints, logs and tracking; null means runs/<name>."

@@ -149,3 +149,10 @@ def test_yaml_problems_are_located(write_recipe, located, text: str, expected: s
 def test_unreadable_file(tmp_path, located) -> None:
     missing = tmp_path / "nope.yaml"
     assert located(missing) == [f"{missing}:1:1: cannot read: No such file or directory"]
+
+
+def test_run_name_must_be_a_folder_name(write_recipe, located, base_recipe) -> None:
+    path = write_recipe(base_recipe.replace("name: t", "name: my run/1"))
+    assert located(path) == [
+        f"{path}:1:7: name: 'my run/1' is not a run name: use letters, digits, '.', '_', '-'"
+    ]
