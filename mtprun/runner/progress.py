@@ -48,12 +48,11 @@ def close_logging() -> None:
         handler.close()
 
 
-def summary_line(step: int, metrics: Mapping[str, float], keys: Iterable[str]) -> str:
-    """`step 12 | reward 0.41 | loss 0.132 | ...` for the keys present in `metrics`."""
+def summary_line(step: int, metrics: Mapping[str, float], labels: Mapping[str, str]) -> str:
+    """`step 12 | reward 0.41 | loss 0.132 | ...`: the metrics named in `labels` (key ->
+    label) that `metrics` has."""
     parts = [f"step {step}"]
-    for key in keys:
-        if key in metrics:
-            parts.append(f"{key.rsplit('/', 1)[-1]} {metrics[key]:.4g}")
+    parts += [f"{label} {metrics[key]:.4g}" for key, label in labels.items() if key in metrics]
     return " | ".join(parts)
 
 
@@ -61,6 +60,7 @@ class RunProgress(Progress):
     """One bar per stage (warm-start SFT, RL) and a summary line of the newest step below."""
 
     def __init__(self, console: Console) -> None:
+        self._summary = Text("")  # before super().__init__, which may already render
         super().__init__(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -70,7 +70,6 @@ class RunProgress(Progress):
             console=console,
             transient=False,
         )
-        self._summary = Text("")
 
     def stage(self, name: str, total: int, done: int = 0) -> TaskID:
         return self.add_task(name, total=total, completed=done)

@@ -1,0 +1,44 @@
+"""`mtprun export RUN_DIR [--step N] [--out DIR]`: a checkpoint's policy as an HF folder."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mtprun.cli.diagnostics import EXIT_INVALID
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="Write a checkpoint's policy as an HF folder (loads in transformers and vLLM).",
+        description="Copy the policy of checkpoint --step (default: the newest) of the run in "
+        "RUN_DIR to an HF model folder: config, tokenizer and model.safetensors.",
+    )
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    parser.add_argument("--step", type=int, help="Checkpoint step (default: the newest).")
+    parser.add_argument(
+        "--out", type=Path, help="Output folder (default: RUN_DIR/export/step_<N>)."
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mtprun.runner import checkpoint
+    from mtprun.runner.export import export_checkpoint
+    from mtprun.runner.run_dir import RunDir
+
+    run_dir = RunDir(args.run_dir)
+    try:
+        run_dir.read_state()
+        step = args.step if args.step is not None else checkpoint.latest(run_dir.checkpoints)
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {run_dir.checkpoints} yet")
+        out = args.out or run_dir.exports / f"step_{step}"
+        export_checkpoint(run_dir.checkpoints, step, out)
+    except FileNotFoundError as err:
+        print(f"mtprun export: {err}", file=sys.stderr)
+        return EXIT_INVALID
+    print(f"exported step {step} to {out}")
+    return 0

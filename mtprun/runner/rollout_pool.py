@@ -1,0 +1,104 @@
+"""The rollout engines as one pool: prompts sharded over engines, a dead engine's share retried.
+
+Each engine is a Ray actor with `max_restarts`; when its process dies mid-call (engine crash,
+OOM kill) the call raises RayActorError and Ray starts a fresh process from the same
+arguments, i.e. the stage's initial weights. The pool waits for it, syncs the current policy
+weights into it, and re-sends only that engine's prompts; results are stored per shard, so no
+prompt is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from mtprun.runner.actors import stop_actors
+
+log = logging.getLogger("mtprun")
+
+
+class RolloutPool:
+    def __init__(self, actors: list[Any], max_retries: int) -> None:
+        self.actors = actors
+        self.max_retries = max_retries
+        self.restarts = 0
+        self._weights: Any = None  # ObjectRef of the newest policy weights, for restarted engines
+        self.pids = ray.get([a.pid.remote() for a in actors])
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        max_tokens: int | None = None,
+        stop_token_ids: list[int] | None = None,
+    ) -> list[list[Any]]:
+        """Samples for each prompt, in prompt order (see RolloutEngine.generate)."""
+        calls = {
+            i: (prompts[lo:hi], n, max_tokens, stop_token_ids)
+            for i, (lo, hi) in enumerate(_split(len(prompts), len(self.actors)))
+            if hi > lo
+        }
+        refs = {i: self.actors[i].generate.remote(*args) for i, args in calls.items()}
+        return [samples for i in sorted(refs) for samples in self._result(i, refs[i], calls[i])]
+
+    def _result(self, i: int, ref: Any, args: tuple) -> list[list[Any]]:
+        for attempt in range(1, self.max_retries + 2):
+            try:
+                return ray.get(ref)
+            except RayActorError as err:
+                if attempt > self.max_retries:
+                    raise RuntimeError(
+                        f"rollout engine {i} died {attempt} times in one step; giving up "
+                        f"(last error: {type(err).__name__}: {err})"
+                    ) from err
+                log.warning(
+                    "rollout engine %d (pid %s) died (%s); waiting for Ray to restart it, "
+                    "then retrying its %d prompts (retry %d of %d)",
+                    i,
+                    self.pids[i],
+                    type(err).__name__,
+                    len(args[0]),
+                    attempt,
+                    self.max_retries,
+                )
+                self._recover(i)
+                ref = self.actors[i].generate.remote(*args)
+        raise AssertionError("unreachable")
+
+    def _recover(self, i: int) -> None:
+        actor = self.actors[i]
+        self.pids[i] = ray.get(actor.pid.remote())  # blocks until the restarted actor is up
+        self.restarts += 1
+        if self._weights is not None:
+            ray.get(actor.update_weights.remote(self._weights))
+        log.warning("rollout engine %d restarted (new pid %s), weights re-synced", i, self.pids[i])
+
+    def update_weights(self, weights_ref: Any) -> float:
+        """Sync the policy into every engine; returns the slowest engine's seconds."""
+        self._weights = weights_ref
+        seconds = ray.get([a.update_weights.remote(weights_ref) for a in self.actors])
+        return max(seconds)
+
+    def spec_decode_counters(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for counters in ray.get([a.spec_decode_counters.remote() for a in self.actors]):
+            for key, value in counters.items():
+                totals[key] = totals.get(key, 0.0) + value
+        return totals
+
+    def shutdown(self) -> None:
+        stop_actors(self.actors)
+
+
+def _split(count: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) ranges, sizes differing by at most one."""
+    base, extra = divmod(count, parts)
+    bounds, lo = [], 0
+    for i in range(parts):
+        hi = lo + base + (1 if i < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds

@@ -1,0 +1,46 @@
+"""SFT batches for the trainer: the stage's data packed once, one packed row per step.
+
+The row of a step is a pure function of (seed, step): epoch e visits every row once in an
+order drawn from seed + e. A resumed run therefore trains on exactly the rows it would have
+trained on without the interruption, with no data-loader state in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from mtprun.data.batch import PackedBatch
+from mtprun.data.render import Renderer
+from mtprun.data.sft import load_conversations, sft_batches
+from mtprun.spec import Recipe
+
+log = logging.getLogger("mtprun")
+
+
+class SftSource:
+    def __init__(self, recipe: Recipe, model_dir: Path) -> None:
+        data = recipe.data
+        if data is None:
+            raise ValueError("an SFT stage needs a `data:` section")
+        records = load_conversations(data, recipe.seed)  # logs the bad lines it skips
+        renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
+        self.rows = sft_batches(records.records, renderer, recipe.mask, data.packing_length)
+        self.seed = recipe.seed
+        log.info(
+            "SFT data %s: %d conversations in %d packed rows of <= %d tokens",
+            data.source,
+            len(records.records),
+            len(self.rows),
+            data.packing_length,
+        )
+
+    def batches(self, step: int) -> list[PackedBatch]:
+        """The micro batches of stage step `step` (1-based)."""
+        epoch, index = divmod(step - 1, len(self.rows))
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        order = torch.randperm(len(self.rows), generator=generator)
+        return [self.rows[int(order[index])]]

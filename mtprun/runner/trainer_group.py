@@ -1,0 +1,59 @@
+"""The trainer ranks as one object: every call goes to all ranks at once (their collectives
+must meet), and rank 0 answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from mtprun.runner.actors import stop_actors
+
+
+class TrainerGroup:
+    """actors[r] is trainer rank r; Megatron orders ranks TP-fastest, so rank r belongs to
+    data-parallel replica (r // tp) % dp."""
+
+    def __init__(self, actors: list[Any], parallel: Any, seed: int) -> None:
+        self.actors = actors
+        self.dp = parallel.dp
+        self.replica = [(rank // parallel.tp) % parallel.dp for rank in range(len(actors))]
+        address = ray.get(actors[0].rendezvous_address.remote())
+        self.pids = ray.get([a.setup.remote(parallel, seed, *address) for a in actors])
+
+    def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
+        self._all("build", recipe, model_dir, plan_json, with_reference)
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+    def train_step(self, micro_batches: list[Any]) -> dict[str, float]:
+        """One optimizer step; data-parallel replica d trains micro batches d, d+dp, ..."""
+        if len(micro_batches) < self.dp:
+            raise ValueError(
+                f"{len(micro_batches)} micro batches for {self.dp} data-parallel replicas: "
+                "lower trainer.micro_batch_tokens or raise the batch (task.prompts_per_step)"
+            )
+        refs = [
+            actor.train_step.remote(micro_batches[d :: self.dp])
+            for actor, d in zip(self.actors, self.replica, strict=True)
+        ]
+        return ray.get(refs)[0]
+
+    def logprobs(self, batches: list[Any], reference: bool = False) -> list[Any]:
+        return self._all("logprobs", batches, reference)[0]
+
+    def weights_ref(self) -> Any:
+        """ObjectRef of the full HF weights (rank 0's), for the rollout engines to fetch."""
+        refs = [a.hf_state_dict.remote() for a in self.actors]
+        ray.wait(refs, num_returns=len(refs))  # every rank took part in the gather
+        return refs[0]
+
+    def save(self, folder: str) -> None:
+        self._all("save", folder)
+
+    def load(self, folder: str) -> int:
+        return self._all("load", folder)[0]
+
+    def shutdown(self) -> None:
+        stop_actors(self.actors)
