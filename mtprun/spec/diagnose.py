@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -22,51 +23,75 @@ def validation_diagnostics(exc: ValidationError, doc: Document) -> list[Diagnost
     return [_diagnostic(error, doc) for error in exc.errors(include_url=False)]
 
 
+Handler = Callable[[ErrorDetails, KeyPath, bool, Document], Diagnostic]
+
+
 def _diagnostic(error: ErrorDetails, doc: Document) -> Diagnostic:
     path, at_key = _data_path(error["loc"], doc.data)
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        key = str(path[-1])
-        section = f" in '{_dotted(path[:-1])}'" if len(path) > 1 else ""
-        message = f"unknown key '{key}'{section}{did_you_mean(key, _known_keys(path[:-1], doc))}"
-        return Diagnostic(doc.position(path, at_key=True), message)
-    if kind == "missing":
-        field = error["loc"][-1]
-        section = f" in '{_dotted(path)}'" if path else ""
-        return Diagnostic(
-            doc.position(path, at_key=True), f"missing required key '{field}'{section}"
-        )
-    if kind in ("union_tag_invalid", "union_tag_not_found"):
-        return _tag_diagnostic(error, path, doc)
-    if kind == "literal_error":
-        allowed = re.findall(r"'([^']*)'", error["ctx"]["expected"])
-        got = error["input"]
-        hint = did_you_mean(got, allowed) if isinstance(got, str) else ""
-        what = f"{_dotted(path[:-1])}: invalid key" if at_key else f"{_dotted(path)}: invalid value"
-        message = f"{what} {got!r}{hint}; allowed: {', '.join(repr(a) for a in allowed)}"
-        return Diagnostic(doc.position(path, at_key=at_key), message)
-    if kind == "string_pattern_mismatch" and path == ("name",):
-        message = f"name: {error['input']!r} is not a run name: use letters, digits, '.', '_', '-'"
-        return Diagnostic(doc.position(path), message)
-    message = error["msg"].removeprefix("Value error, ")
-    message = message[0].lower() + message[1:]
+    handler = _HANDLERS.get(error["type"], _generic)
+    return handler(error, path, at_key, doc)
+
+
+def _unknown_key(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
+    key = str(path[-1])
+    section = f" in '{_dotted(path[:-1])}'" if len(path) > 1 else ""
+    hint = did_you_mean(key, _known_keys(path[:-1], doc))
+    return Diagnostic(doc.position(path, at_key=True), f"unknown key '{key}'{section}{hint}")
+
+
+def _missing(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
+    # `path` is the section holding the missing key: point at that section's key.
+    section = f" in '{_dotted(path)}'" if path else ""
+    message = f"missing required key '{error['loc'][-1]}'{section}"
+    return Diagnostic(doc.position(path, at_key=True), message)
+
+
+def _literal(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
+    allowed = re.findall(r"'([^']*)'", error["ctx"]["expected"])
     got = error["input"]
-    if not isinstance(got, dict | list) and kind != "value_error":
-        message += f" (got {got!r})"
-    where = doc.position(path, at_key=at_key) if at_key else doc.position_of(path)
-    return Diagnostic(where, f"{_dotted(path)}: {message}")
+    hint = did_you_mean(got, allowed) if isinstance(got, str) else ""
+    what = f"{_dotted(path[:-1])}: invalid key" if at_key else f"{_dotted(path)}: invalid value"
+    message = f"{what} {got!r}{hint}; allowed: {', '.join(repr(a) for a in allowed)}"
+    return Diagnostic(doc.position(path, at_key=at_key), message)
 
 
-def _tag_diagnostic(error: ErrorDetails, path: KeyPath, doc: Document) -> Diagnostic:
+def _loss_kind(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
     # The only discriminated union of models in a recipe is a loss term's `kind`.
     choices = ", ".join(LOSS_KINDS)
     if error["type"] == "union_tag_not_found":
         message = f"{_dotted(path)}: a loss term needs `kind:` (one of {choices})"
         return Diagnostic(doc.position_of(path), message)
     tag = str(error["ctx"]["tag"])
-    hint = did_you_mean(tag, list(LOSS_KINDS))
+    hint = did_you_mean(tag, LOSS_KINDS)
     message = f"{_dotted(path)}: unknown loss kind '{tag}'{hint}; allowed: {choices}"
     return Diagnostic(doc.position((*path, "kind")), message)
+
+
+def _pattern(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
+    if path != ("name",):
+        return _generic(error, path, at_key, doc)
+    message = f"name: {error['input']!r} is not a run name: use letters, digits, '.', '_', '-'"
+    return Diagnostic(doc.position(path), message)
+
+
+def _generic(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
+    message = error["msg"].removeprefix("Value error, ")
+    message = message[0].lower() + message[1:]
+    got = error["input"]
+    if not isinstance(got, dict | list) and error["type"] != "value_error":
+        message += f" (got {got!r})"
+    where = doc.position(path, at_key=True) if at_key else doc.position_of(path)
+    return Diagnostic(where, f"{_dotted(path)}: {message}")
+
+
+_HANDLERS: dict[str, Handler] = {
+    "extra_forbidden": _unknown_key,
+    "missing": _missing,
+    "literal_error": _literal,
+    "union_tag_invalid": _loss_kind,
+    "union_tag_not_found": _loss_kind,
+    "string_pattern_mismatch": _pattern,
+}
 
 
 def _data_path(loc: tuple[str | int, ...], data: Any) -> tuple[KeyPath, bool]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Annotated, Any
@@ -95,8 +95,10 @@ def _partial_recipe(data: Any) -> tuple[Recipe | None, frozenset[str]]:
         return None, frozenset()
     valid: dict[str, Any] = {}
     invalid: set[str] = set()
-    for name in Recipe.model_fields:
+    for name, field in Recipe.model_fields.items():
         if name not in data:
+            if field.is_required():
+                invalid.add(name)
             continue
         value = data[name]
         try:
@@ -153,7 +155,8 @@ def _resolve_relative_paths(doc: Document) -> None:
         )
 
 
-def _file_order(doc: Document) -> Any:
+def _file_order(doc: Document) -> Callable[[str], tuple[int, str]]:
+    """Sort key of files: the recipe itself, then the files it extends, then overrides."""
     main = doc.position(()).file
 
     def rank(file: str) -> tuple[int, str]:
