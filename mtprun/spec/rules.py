@@ -7,6 +7,7 @@ runs only when those validated, so one broken section does not hide the other se
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -234,13 +235,55 @@ def _cp_splits_sequences(r: Recipe) -> Iterator[Issue]:
 @rule("mask", "data", "warmstart", "model")
 def _sampled_flags_available(r: Recipe) -> Iterator[Issue]:
     sft = r.data is not None or r.warmstart is not None
-    if sft and r.model.path is not None and uses_sampled_flags(r.mask):
+    path = r.model.path
+    if not sft or path is None or not uses_sampled_flags(r.mask) or _known_chat_template(path):
+        return
+    yield Issue(
+        ("model", "path"),
+        "SFT data is rendered with this model's own chat template: unless it is exactly "
+        "mtprun's char, chatml or glm template it gives no per-token sampled flags, and "
+        "the mask policy falls back to assistant role spans (a stop token the template "
+        "files under the next message is not trained); `mask: all` trains every token",
+        "warning",
+    )
+
+
+def _known_chat_template(model_dir: str) -> bool:
+    """Whether the folder's tokenizer carries a chat template mtprun renders exactly."""
+    # transformers writes it to chat_template.jinja (newer) or tokenizer_config.json (older).
+    jinja = os.path.join(model_dir, "chat_template.jinja")
+    config = os.path.join(model_dir, "tokenizer_config.json")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            template = f.read()
+    elif os.path.isfile(config):
+        with open(config, encoding="utf-8") as f:
+            template = json.load(f).get("chat_template")
+    else:
+        return False  # not readable here (e.g. a cluster path): cannot tell
+    from mtprun.data.templates import chat_format_of_template
+
+    return chat_format_of_template(template) is not None
+
+
+@rule("rollout", "model", "task")
+def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
+    tiny = r.model.tiny
+    if r.task is not None and tiny is not None and r.rollout.max_tokens >= tiny.max_seq_len:
         yield Issue(
-            ("model", "path"),
-            "SFT data is rendered with this model's own chat template: unless it is exactly "
-            "mtprun's char, chatml or glm template it gives no per-token sampled flags, and "
-            "the mask policy falls back to assistant role spans (a stop token the template "
-            "files under the next message is not trained); `mask: all` trains every token",
+            ("rollout", "max_tokens"),
+            f"max_tokens {r.rollout.max_tokens} leaves no room for the prompt within "
+            f"model.tiny.max_seq_len {tiny.max_seq_len} (vLLM's max model length)",
+        )
+
+
+@rule("trainer")
+def _warmup_within_steps(r: Recipe) -> Iterator[Issue]:
+    if r.trainer.warmup_steps > r.trainer.steps:
+        yield Issue(
+            ("trainer", "warmup_steps"),
+            f"warmup_steps {r.trainer.warmup_steps} > steps {r.trainer.steps}: the learning "
+            "rate never reaches trainer.lr",
             "warning",
         )
 

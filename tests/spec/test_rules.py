@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from mtprun.data.templates import CHAT_FORMATS
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
 TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1\n"  # 6 lines
@@ -115,6 +118,17 @@ CASES = {
             "into 2*cp chunks)",
         ],
     ),
+    "rollout response longer than the model's positions": (
+        RL + "rollout: {max_tokens: 512}\n",
+        [
+            "9:23: max_tokens 512 leaves no room for the prompt within model.tiny.max_seq_len "
+            "512 (vLLM's max model length)"
+        ],
+    ),
+    "warm-up longer than the run (warning)": (
+        SFT + "trainer: {steps: 5, warmup_steps: 10}\n",
+        ["8:35: warning: warmup_steps 10 > steps 5: the learning rate never reaches trainer.lr"],
+    ),
     "unknown task, reward and data source": (
         TINY
         + "task: {name: arithmetc, reward: nope}\nlosses: [{kind: grpo}]\n"
@@ -153,6 +167,21 @@ def test_model_path_with_sampled_mask_warns_about_the_fallback(write_recipe, loc
     assert warning.startswith(f"{path}:2:15: warning: SFT data is rendered with this model's own")
     assert "falls back to assistant role spans" in warning
     assert located(path, ["mask=all"]) == []
+
+
+@pytest.mark.parametrize("saved_as", ["chat_template.jinja", "tokenizer_config.json"])
+def test_model_folder_with_a_known_chat_template_needs_no_fallback(
+    write_recipe, located, tmp_path, saved_as: str
+) -> None:
+    jinja = CHAT_FORMATS["chatml"].jinja
+    model = tmp_path / "model"
+    model.mkdir()
+    content = jinja if saved_as.endswith(".jinja") else json.dumps({"chat_template": jinja})
+    (model / saved_as).write_text(content)
+    path = write_recipe(f"name: t\nmodel: {{path: {model}}}\ndata: {{source: arithmetic}}\n")
+    assert located(path) == []
+    (model / saved_as).write_text(content.replace("im_start", "start"))
+    assert [line.split(": ")[1] for line in located(path)] == ["warning"]
 
 
 def test_rules_still_run_when_other_sections_are_invalid(write_recipe, located) -> None:
