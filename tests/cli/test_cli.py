@@ -81,7 +81,7 @@ def test_validate_reports_every_file_and_applies_overrides_to_all(tmp_path, caps
     good = REPO / "recipes" / "sft-zloss.yaml"
     bad = tmp_path / "bad.yaml"
     bad.write_text(FIVE_ERRORS)
-    code = main(["validate", str(good), str(bad), "trainer.steps=3"])
+    code = main(["validate", str(good), str(bad), "trainer.steps=30"])
     out = capsys.readouterr()
     assert code == 2
     # The override fixed `steps: many`; the other four errors remain.
