@@ -6,7 +6,16 @@ import argparse
 import importlib
 import sys
 
-COMMANDS: tuple[str, ...] = ("validate", "plan", "schema", "run", "resume", "export", "ui")
+COMMANDS: tuple[str, ...] = (
+    "validate",
+    "plan",
+    "schema",
+    "run",
+    "resume",
+    "export",
+    "ui",
+    "inspect_data",
+)
 """Modules of `mtprun.cli`, in help order. Each sets `func(args) -> int` via set_defaults and
 imports heavy dependencies (torch, ray, vllm) inside `func`, so every command starts fast."""
 

@@ -18,7 +18,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mtprun.data.messages import ROLES, Message, Role
-from mtprun.data.templates import ChatFormat, chat_format_of_template
+from mtprun.data.templates import ChatFormat, chat_format_of_template, get_chat_format
+from mtprun.data.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +73,19 @@ class Renderer:
     `stop_token_ids` for the rollout engine.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, chat_format: ChatFormat | None = None
+    ) -> None:
+        """`chat_format` None: the format whose Jinja template the tokenizer carries (as
+        `build_tokenizer` sets it), else the role-span fallback. Given: render with that
+        format (e.g. chatml with a real Qwen tokenizer, whose own template differs in details);
+        the tokenizer must hold each of its special tokens as one token."""
         self.tokenizer = tokenizer
-        self.chat_format: ChatFormat | None = chat_format_of_template(tokenizer.chat_template)
+        if chat_format is not None:
+            _check_special_tokens(tokenizer, chat_format)
+        else:
+            chat_format = chat_format_of_template(tokenizer.chat_template)
+        self.chat_format = chat_format
 
     @property
     def sampled_exact(self) -> bool:
@@ -183,3 +194,29 @@ class Renderer:
             "trains every token",
             self.tokenizer.name_or_path or "this tokenizer",
         )
+
+
+def _check_special_tokens(tokenizer: PreTrainedTokenizerBase, chat_format: ChatFormat) -> None:
+    missing = [
+        token
+        for token in chat_format.special_tokens
+        if len(tokenizer.encode(token, add_special_tokens=False)) != 1
+    ]
+    if missing:
+        raise ValueError(
+            f"tokenizer {tokenizer.name_or_path or ''} has no single token for {missing} of "
+            f"chat template {chat_format.name!r}: set data.template / task.template to the "
+            "template family the model was trained with"
+        )
+
+
+def renderer_for(template: str, tokenizer_path: str | None = None) -> Renderer:
+    """The renderer of a recipe section: the tiny char-level tokenizer of `template`, or the
+    tokenizer saved in `tokenizer_path` (a model folder) rendered with `template`'s format."""
+    if tokenizer_path is None:
+        return Renderer(build_tokenizer(template))
+    # Imported here: the auto classes pull in most of transformers (seconds).
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    return Renderer(tokenizer, chat_format=get_chat_format(template))

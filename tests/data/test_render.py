@@ -8,6 +8,7 @@ import torch
 
 from mtprun.data.messages import Message, ToolCall
 from mtprun.data.render import ROLE_IDS, Renderer
+from mtprun.data.templates import get_chat_format
 from mtprun.data.tokenizer import build_tokenizer
 
 
@@ -171,3 +172,18 @@ def test_fallback_rejects_a_template_that_is_not_prefix_stable() -> None:
     )
     with pytest.raises(ValueError, match="not prefix-stable"):
         Renderer(tokenizer).render([Message("user", "a"), Message("assistant", "b")])
+
+
+def test_a_forced_format_renders_with_any_tokenizer_holding_its_tokens(tool_conversation) -> None:
+    reference = Renderer(build_tokenizer("chatml")).render(tool_conversation)
+    other = build_tokenizer("chatml")
+    other.chat_template = UNKNOWN_TEMPLATE  # e.g. a real model's own, different template
+    forced = Renderer(other, chat_format=get_chat_format("chatml")).render(tool_conversation)
+    assert forced.sampled_exact
+    assert torch.equal(forced.token_ids, reference.token_ids)
+    assert torch.equal(forced.is_sampled, reference.is_sampled)
+
+
+def test_a_forced_format_needs_its_special_tokens() -> None:
+    with pytest.raises(ValueError, match=r"no single token for \['<\|system\|>'.*template 'glm'"):
+        Renderer(build_tokenizer("chatml"), chat_format=get_chat_format("glm"))
