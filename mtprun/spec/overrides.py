@@ -32,14 +32,12 @@ def _apply(doc: Document, text: str, file: str) -> None:
     key, eq, raw = text.partition("=")
     start = Position(file, 1, 1)
     if not eq or not key:
-        raise RecipeError(
-            [Diagnostic(start, f"expected KEY=VALUE (e.g. trainer.lr=3e-5), got {text!r}")]
-        )
+        raise _error(start, f"expected KEY=VALUE (e.g. trainer.lr=3e-5), got {text!r}")
     parts = key.split(".")
     if "" in parts:
-        raise RecipeError([Diagnostic(start, f"empty segment in key {key!r}")])
+        raise _error(start, f"empty segment in key {key!r}")
     if parts[0] == "extends":
-        raise RecipeError([Diagnostic(start, "extends cannot be overridden; edit the recipe")])
+        raise _error(start, "extends cannot be overridden; edit the recipe")
     value_col = len(key) + 2
     value = parse_document(raw, file, col=value_col) if raw.strip() else None
     parent, path = _walk_to_parent(doc, parts, start)
@@ -69,12 +67,8 @@ def _walk_to_parent(
             doc.spans[(*path, seg)] = Span(start, start)
         elif not isinstance(child, dict | list):
             dotted = ".".join(map(str, (*path, seg)))
-            raise RecipeError(
-                [
-                    Diagnostic(
-                        start, f"cannot set a key inside '{dotted}': it is {child!r}, not a mapping"
-                    )
-                ]
+            raise _error(
+                start, f"cannot set a key inside '{dotted}': it is {child!r}, not a mapping"
             )
         node, path = child, (*path, seg)
     return node, path
@@ -86,14 +80,12 @@ def _segment(
     if isinstance(node, dict):
         return part
     dotted = ".".join(map(str, path))
-    limit = len(node) + 1  # index == length appends an item
-    if not part.isdigit() or int(part) >= limit:
-        hint = f"0..{limit - 1}" if limit else "none: the list is empty"
-        raise RecipeError(
-            [
-                Diagnostic(
-                    start, f"'{dotted}' is a list of {len(node)}; index {part!r} is not in {hint}"
-                )
-            ]
+    if not part.isdigit() or int(part) > len(node):  # index == length appends an item
+        raise _error(
+            start, f"'{dotted}' is a list of {len(node)}; index {part!r} is not in 0..{len(node)}"
         )
     return int(part)
+
+
+def _error(at: Position, message: str) -> RecipeError:
+    return RecipeError([Diagnostic(at, message)])

@@ -11,9 +11,10 @@ import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from mtprun.spec.errors import did_you_mean
+from mtprun.spec.document import KeyPath
+from mtprun.spec.errors import Severity, did_you_mean
 from mtprun.spec.mask import uses_sampled_flags
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
@@ -21,14 +22,12 @@ if TYPE_CHECKING:
     from mtprun.spec.losses import LossTerm
     from mtprun.spec.recipe import Recipe
 
-Path = tuple[str | int, ...]
-Severity = Literal["error", "warning"]
 RL_LOSS_KINDS = frozenset({"grpo"})
 
 
 @dataclass(frozen=True)
 class Issue:
-    path: Path
+    path: KeyPath
     message: str
     severity: Severity = "error"
 
@@ -216,7 +215,7 @@ def _cp_splits_sequences(r: Recipe) -> Iterator[Issue]:
     cp = r.parallel.cp
     if cp == 1:
         return
-    lengths: list[tuple[Path, int]] = [
+    lengths: list[tuple[KeyPath, int]] = [
         (("trainer", "micro_batch_tokens"), r.trainer.micro_batch_tokens)
     ]
     if r.data is not None:
@@ -293,7 +292,7 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
     # The data package owns the registry of built-in tasks; imported only when checking.
     from mtprun.data.tasks import REWARDS, TASKS
 
-    sources: list[tuple[Path, str]] = []
+    sources: list[tuple[KeyPath, str]] = []
     if r.task is not None:
         sources.append((("task", "name"), r.task.name))
         if r.task.reward not in REWARDS:
