@@ -151,6 +151,9 @@ def validate(
                 raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
 
     mtp = tuple(_check_mtp_hidden(plan, mtp_hidden, hidden))
+    mtp_term = plan.term("mtp")
+    if mtp_term is not None and mtp_term.topk is not None and mtp_term.topk > vocab_size:
+        raise ValueError(f"mtp topk={mtp_term.topk} exceeds the vocabulary size {vocab_size}")
     teacher_hidden, teacher_weight = _check_teacher(plan, teacher_hidden, teacher_weight, hidden)
     if teacher_weight is not None and teacher_weight.shape[0] != weight.shape[0]:
         raise ValueError(

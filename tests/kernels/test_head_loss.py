@@ -1,0 +1,159 @@
+"""The torch fused head loss against the float64 reference, on fresh random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtprun.kernels import Chunking, head_loss
+
+from .cases import assert_matches_reference, make_problem
+from .reference import reference_head_loss
+
+ONE_PASS = Chunking()  # tiny vocab: one tile holds it, stats and grads from one GEMM
+# 7 columns per tile and 5 rows per chunk: neither divides V=53 nor N=61.
+TWO_PASS = Chunking(vocab_tile=7, rows_per_chunk=5)
+SCHEDULES = pytest.mark.parametrize("chunking", [ONE_PASS, TWO_PASS], ids=["one-pass", "two-pass"])
+
+SINGLE_TERMS = {
+    "ce": [{"kind": "ce"}],
+    "z_loss": [{"kind": "z_loss", "weight": 0.3}],
+    "entropy": [{"kind": "entropy", "coef": 0.2}],
+    "grpo-k1": [{"kind": "grpo", "kl_coef": 0.3, "kl_estimator": "k1"}],
+    "grpo-k2": [{"kind": "grpo", "kl_coef": 0.3, "kl_estimator": "k2"}],
+    "grpo-k3": [{"kind": "grpo", "kl_coef": 0.3, "kl_estimator": "k3", "clip_low": 0.1}],
+    "distill": [{"kind": "distill", "teacher": "t", "temperature": 1.5}],
+    "mtp-soft": [{"kind": "mtp", "depth": 2, "weight": 0.5}],
+    "mtp-topk": [{"kind": "mtp", "target": "topk", "topk": 5, "train_shared_output": True}],
+    "mtp-hard": [{"kind": "mtp", "depth": 3, "target": "hard", "train_shared_output": True}],
+}
+COMBINED = [
+    {"kind": "ce", "loss_agg": "seq-mean-token-mean"},
+    {"kind": "z_loss", "weight": 0.01},
+    {"kind": "entropy", "coef": 0.05, "loss_agg": "seq-mean-token-sum-norm"},
+    {"kind": "grpo", "kl_coef": 0.1},
+    {"kind": "distill", "teacher": "t", "weight": 0.5},
+    {"kind": "mtp", "depth": 2, "target": "topk", "topk": 3},
+]
+
+
+def check(problem, chunking=ONE_PASS, grad_tol=1e-4):
+    ours, ref = problem.clone(), problem.clone(torch.float64)
+    out = ours.call(head_loss, chunking=chunking)
+    expected = ref.call(reference_head_loss)
+    assert_matches_reference(out, expected, ours, ref, grad_tol=grad_tol)
+    return out
+
+
+@SCHEDULES
+@pytest.mark.parametrize("name", list(SINGLE_TERMS))
+def test_each_term_alone(name, chunking):
+    check(make_problem(SINGLE_TERMS[name]), chunking)
+
+
+@SCHEDULES
+@pytest.mark.parametrize("active", [0.0, 0.03, 0.5, 1.0])
+def test_all_terms_combined_at_every_active_fraction(active, chunking):
+    out = check(make_problem(COMBINED, rows=67, active=active), chunking)
+    if active == 0.0:
+        assert out.loss.item() == 0.0
+        assert all(value.item() == 0.0 for value in out.metrics.values())
+
+
+AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@pytest.mark.parametrize("loss_agg", AGGREGATIONS)
+def test_aggregations_over_packed_sequences(loss_agg):
+    terms = [{"kind": "ce", "loss_agg": loss_agg}, {"kind": "mtp", "loss_agg": loss_agg}]
+    check(make_problem(terms, seq_lens=[1, 20, 3, 30, 7]), TWO_PASS)
+
+
+@SCHEDULES
+def test_bfloat16_inputs_accumulate_in_float32(chunking):
+    problem = make_problem(COMBINED, dtype=torch.bfloat16)
+    out = check(problem, chunking, grad_tol=2e-2)  # the gradients are rounded to bf16
+    assert out.loss.dtype == torch.float32
+
+
+def test_all_masked_batch_gives_zero_loss_and_zero_gradients():
+    problem = make_problem(COMBINED, active=0.0).clone()
+    out = problem.call(head_loss, chunking=TWO_PASS)
+    out.loss.backward()
+    assert out.loss.item() == 0.0
+    assert not out.logprobs.any()
+    for leaf in problem.leaves():
+        assert torch.equal(leaf.grad, torch.zeros_like(leaf))
+
+
+def test_uncompacted_plan_gives_the_compacted_result():
+    compacted = make_problem(COMBINED[:4])
+    kept = compacted.clone()
+    kept.plan = type(kept.plan).compile(kept.plan.terms, compact_mask=False)
+    a, b = compacted.clone().call(head_loss), kept.call(head_loss)
+    torch.testing.assert_close(a.loss, b.loss)
+    torch.testing.assert_close(a.logprobs, b.logprobs)
+
+
+def test_on_policy_grpo_without_old_logprobs():
+    problem = make_problem([{"kind": "grpo"}])
+    del problem.kwargs["old_logprobs"], problem.kwargs["ref_logprobs"]
+    out = check(problem)
+    assert out.metrics["grpo/ratio_mean"].item() == pytest.approx(1.0)
+    assert out.metrics["grpo/clip_frac"].item() == 0.0
+
+
+def test_no_grad_forward_gives_the_same_loss():
+    problem = make_problem(COMBINED)
+    with torch.no_grad():
+        out = problem.clone().call(head_loss)
+    expected = problem.clone().call(head_loss)
+    torch.testing.assert_close(out.loss, expected.loss.detach())
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    problem = make_problem([{"kind": "ce"}]).clone()
+    problem.weight.requires_grad_(False)
+    problem.call(head_loss, chunking=TWO_PASS).loss.backward()
+    assert problem.weight.grad is None
+    assert problem.hidden.grad is not None and problem.hidden.grad.abs().sum() > 0
+
+
+def test_draft_loss_never_reaches_the_policy_trunk():
+    problem = make_problem([{"kind": "mtp", "depth": 2}]).clone()
+    problem.call(head_loss).loss.backward()
+    assert not problem.hidden.grad.any()
+    assert not problem.weight.grad.any()  # train_shared_output is off
+    assert all(h.grad.any() for h in problem.mtp_hidden)
+
+
+def test_library_api_as_documented():
+    from mtprun import HeadPlan
+    from mtprun import head_loss as public_head_loss
+
+    plan = HeadPlan.from_losses([{"kind": "ce"}, {"kind": "z_loss", "weight": 1e-4}])
+    hidden = torch.randn(12, 8, requires_grad=True)
+    weight = torch.randn(40, 8, requires_grad=True)
+    targets, mask = torch.randint(0, 40, (12,)), torch.rand(12) < 0.5
+    out = public_head_loss(
+        hidden, weight, plan, targets=targets, loss_mask=mask,
+        advantages=None, old_logprobs=None, ref_logprobs=None,
+        mtp_hidden=None, cu_seqlens=None, tp_group=None,
+    )  # fmt: skip
+    out.loss.backward()
+    assert out.loss.dim() == 0 and hidden.grad is not None and weight.grad is not None
+    assert list(out.metrics) == ["entropy", "ce", "z_loss"]
+    assert out.logprobs.shape == (12,) and not out.logprobs[~mask].any()
+
+
+@pytest.mark.parametrize(
+    ("budget", "vocab", "expected"),
+    [
+        (64 * 2**20, 32000, (174, 32000)),  # one pass: 174 rows x the whole vocab fit
+        (2**20, 32000, (32, 2730)),  # two passes: the widest tile for min_rows rows
+    ],
+)
+def test_chunking_layout_follows_the_memory_budget(budget, vocab, expected):
+    rows, tile = Chunking(memory_budget=budget).layout(vocab, buffers=3)
+    assert (rows, tile) == expected
+    assert rows * tile * 3 * 4 <= budget
