@@ -105,6 +105,8 @@ class Renderer:
 
         add_generation_prompt appends the assistant's opening (not sampled), as for a prompt.
         """
+        if not messages:
+            raise ValueError("render: no messages (an empty conversation has nothing to train)")
         if self.chat_format is None:
             return self._render_role_spans(messages, add_generation_prompt)
         pieces = list(self.chat_format.pieces(messages, add_generation_prompt))

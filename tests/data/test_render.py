@@ -187,3 +187,8 @@ def test_a_forced_format_renders_with_any_tokenizer_holding_its_tokens(tool_conv
 def test_a_forced_format_needs_its_special_tokens() -> None:
     with pytest.raises(ValueError, match=r"no single token for \['<\|system\|>'.*template 'glm'"):
         Renderer(build_tokenizer("chatml"), chat_format=get_chat_format("glm"))
+
+
+def test_empty_conversation_is_a_clear_error(renderer: Renderer) -> None:
+    with pytest.raises(ValueError, match="no messages"):
+        renderer.render([], add_generation_prompt=True)
