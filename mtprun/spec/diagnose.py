@@ -52,6 +52,8 @@ def _literal(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) ->
     hint = did_you_mean(got, allowed) if isinstance(got, str) else ""
     what = f"{_dotted(path[:-1])}: invalid key" if at_key else f"{_dotted(path)}: invalid value"
     message = f"{what} {got!r}{hint}; allowed: {', '.join(repr(a) for a in allowed)}"
+    if path == ("mask",):
+        message += ", or a roles table such as {assistant: true, tool: false}"
     return Diagnostic(doc.position(path, at_key=at_key), message)
 
 

@@ -70,7 +70,7 @@ CASES = {
         "mask: sampeld\n",
         [
             "10:7: mask: invalid value 'sampeld' (did you mean 'sampled'?); "
-            "allowed: 'sampled', 'all'"
+            "allowed: 'sampled', 'all', or a roles table such as {assistant: true, tool: false}"
         ],
     ),
     "bad mask role": (
