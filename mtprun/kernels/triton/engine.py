@@ -43,6 +43,17 @@ def chunk_rows(vocab_local: int, itemsize: int, buffers: int, chunk_bytes: int) 
     return max(rows, 1)
 
 
+@dataclass
+class _Chunk:
+    """Policy rows [start, stop) and, per draft group, its rows taught by them."""
+
+    start: int
+    stop: int
+    drafts: list[tuple[int, int]]
+    buffers: list[torch.Tensor]
+    rows_done: torch.cuda.Event | None = None
+
+
 def run_chunks(
     policy: KernelGroup,
     drafts: list[KernelGroup],
@@ -55,19 +66,31 @@ def run_chunks(
     need_grads: list[bool],
     need_weight_grad: bool,
     chunk_bytes: int,
+    overlap: bool,
     tp_group: dist.ProcessGroup | None,
 ) -> Grads:
     """Values, statistics (written into the groups) and gradients of every group.
 
     teacher_positions[i]: for draft group i, the position of each row's teacher among the
-    policy rows (sorted ascending, as draft rows are).
+    policy rows (sorted ascending, as draft rows are). With `overlap` (CUDA only), the
+    memory-bound row kernels of chunk i run on a side stream under the GEMMs of chunk i+1,
+    with two buffer sets in the same `chunk_bytes`.
     """
     vocab_local = weight.shape[0]
-    n_buffers = 1 + len(drafts) + (teacher_hidden is not None)
-    chunk = chunk_rows(vocab_local, weight.element_size(), n_buffers, chunk_bytes)
-    chunk = min(chunk, max(policy.num_rows, 1))
-    buffers = [weight.new_empty(chunk, vocab_local) for _ in range(n_buffers)]
     groups = [policy, *drafts]
+    n_buffers = len(groups) + (teacher_hidden is not None)
+    overlap = overlap and weight.is_cuda and tp_group is None
+    n_sets = 2 if overlap else 1
+    rows = chunk_rows(vocab_local, weight.element_size(), n_buffers * n_sets, chunk_bytes)
+    rows = min(rows, max(policy.num_rows, 1))
+    buffer_sets = [[weight.new_empty(rows, vocab_local) for _ in range(n_buffers)]]
+    if overlap and policy.num_rows > rows:
+        buffer_sets.append([weight.new_empty(rows, vocab_local) for _ in range(n_buffers)])
+    bounds = [*range(0, policy.num_rows, rows), policy.num_rows]
+    draft_bounds = [
+        torch.searchsorted(pos, torch.tensor(bounds, device=pos.device)).tolist()
+        for pos in teacher_positions
+    ]
     grads = Grads(
         students=[
             torch.empty_like(g.student) if need else None
@@ -75,55 +98,84 @@ def run_chunks(
         ],
         weight=None,
     )
-    bounds = [*range(0, policy.num_rows, chunk), policy.num_rows]
-    draft_bounds = [
-        torch.searchsorted(pos, torch.tensor(bounds, device=pos.device)).tolist()
-        for pos in teacher_positions
-    ]
 
-    def accumulate_weight(dz: torch.Tensor, student: torch.Tensor) -> None:
-        if grads.weight is None:
-            grads.weight = torch.mm(dz.t(), student)
-        else:
-            grads.weight.addmm_(dz.t(), student)
-
-    def backprop(dz: torch.Tensor, index: int, start: int, stop: int, trains_weight: bool):
-        group = groups[index]
-        if grads.students[index] is not None:
-            torch.mm(dz, weight, out=grads.students[index][start:stop])
-        if need_weight_grad and trains_weight:
-            accumulate_weight(dz, group.student[start:stop])
-
-    for i in range(len(bounds) - 1):
-        start, stop = bounds[i], bounds[i + 1]
-        logits = torch.mm(policy.student[start:stop], weight.t(), out=buffers[0][: stop - start])
-        for d, draft in enumerate(drafts):
-            d_start, d_stop = draft_bounds[d][i], draft_bounds[d][i + 1]
-            if d_stop == d_start:
-                continue
-            student = draft.student[d_start:d_stop]
-            draft_logits = torch.mm(student, weight.t(), out=buffers[1 + d][: d_stop - d_start])
-            teacher_rows = teacher_positions[d][d_start:d_stop] - start
-            _run_draft(
-                draft, draft_logits, logits, teacher_rows, d_start, d_stop, vocab_offset, tp_group
-            )
-            backprop(draft_logits, 1 + d, d_start, d_stop, draft.group.trains_weight)
-        teacher = None
+    def logits_phase(c: _Chunk) -> None:
+        torch.mm(policy.student[c.start : c.stop], weight.t(), out=c.buffers[0])
+        for d, (start, stop) in enumerate(c.drafts):
+            torch.mm(drafts[d].student[start:stop], weight.t(), out=c.buffers[1 + d])
         if teacher_hidden is not None:
-            teacher = torch.mm(
-                teacher_hidden[start:stop], teacher_weight.t(), out=buffers[-1][: stop - start]
+            torch.mm(teacher_hidden[c.start : c.stop], teacher_weight.t(), out=c.buffers[-1])
+
+    def rows_phase(c: _Chunk) -> None:
+        # Draft rows first: they read their teacher rows before the policy kernel
+        # overwrites them with dz.
+        for d, (start, stop) in enumerate(c.drafts):
+            teacher_rows = teacher_positions[d][start:stop] - c.start
+            _run_draft(
+                drafts[d],
+                c.buffers[1 + d],
+                c.buffers[0],
+                teacher_rows,
+                start,
+                stop,
+                vocab_offset,
+                tp_group,
             )
+        teacher = c.buffers[-1] if teacher_hidden is not None else None
         run_rows(
-            logits,
+            c.buffers[0],
             policy,
-            start,
-            stop,
+            c.start,
+            c.stop,
             vocab_offset=vocab_offset,
             teacher=teacher,
             teacher_rows=None if teacher is None else _arange_like(teacher),
             tp_group=tp_group,
         )
-        backprop(logits, 0, start, stop, True)
+
+    def grads_phase(c: _Chunk) -> None:
+        spans = [(c.start, c.stop), *c.drafts]
+        for index, (group, (start, stop)) in enumerate(zip(groups, spans, strict=True)):
+            dz = c.buffers[index]
+            if grads.students[index] is not None:
+                torch.mm(dz, weight, out=grads.students[index][start:stop])
+            if need_weight_grad and group.group.trains_weight and stop > start:
+                student = group.student[start:stop]
+                if grads.weight is None:
+                    grads.weight = torch.mm(dz.t(), student)
+                else:
+                    grads.weight.addmm_(dz.t(), student)
+
+    def chunk(i: int) -> _Chunk:
+        start, stop = bounds[i], bounds[i + 1]
+        spans = [(b[i], b[i + 1]) for b in draft_bounds]
+        views = buffer_sets[i % len(buffer_sets)]
+        sizes = [stop - start, *(b - a for a, b in spans)]
+        if teacher_hidden is not None:
+            sizes.append(stop - start)
+        return _Chunk(start, stop, spans, [v[:n] for v, n in zip(views, sizes, strict=True)])
+
+    main = torch.cuda.current_stream() if overlap else None
+    side = torch.cuda.Stream() if overlap else None
+    pending: _Chunk | None = None
+    for i in range(len(bounds) - 1):
+        c = chunk(i)
+        logits_phase(c)
+        if not overlap:
+            rows_phase(c)
+            grads_phase(c)
+            continue
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            rows_phase(c)
+        c.rows_done = side.record_event()
+        if pending is not None:
+            main.wait_event(pending.rows_done)
+            grads_phase(pending)
+        pending = c
+    if pending is not None:
+        main.wait_event(pending.rows_done)
+        grads_phase(pending)
 
     if need_weight_grad and grads.weight is None:
         grads.weight = torch.zeros_like(weight)
@@ -143,6 +195,8 @@ def _run_draft(
     vocab_offset: int,
     tp_group: dist.ProcessGroup | None,
 ) -> None:
+    if stop == start:
+        return
     topk = draft.flags.topk
     if topk:
         # The teacher's top-k over the whole vocabulary, renormalised; dz = w (s - q_topk).

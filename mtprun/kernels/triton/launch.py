@@ -70,8 +70,8 @@ def run_rows(
     )
     grid = (n_rows,)
     if tp_group is None:
-        k.head_rows_kernel[grid](*args, MODE=k.FUSED, **constexprs)
+        k.head_rows_kernel[grid](*args, MODE=k.FUSED.value, **constexprs)
         return
-    k.head_rows_kernel[grid](*args, MODE=k.STATS, **constexprs)
+    k.head_rows_kernel[grid](*args, MODE=k.STATS.value, **constexprs)
     stats.copy_(exchange_stats(stats, tp_group))
-    k.head_rows_kernel[grid](*args, MODE=k.GRAD, **constexprs)
+    k.head_rows_kernel[grid](*args, MODE=k.GRAD.value, **constexprs)

@@ -18,9 +18,9 @@ import triton.language as tl
 
 from mtprun.kernels.triton import coefficients as coef
 
-FUSED = 0
-STATS = 1
-GRAD = 2
+FUSED = tl.constexpr(0)
+STATS = tl.constexpr(1)
+GRAD = tl.constexpr(2)
 
 # Packed per-row statistics (float32 columns). Sums are relative to the row's own max, so
 # shards combine as sum_r s_r exp(m_r - M). The argmax is a global vocab id; the target logit

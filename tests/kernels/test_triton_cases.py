@@ -1,0 +1,134 @@
+"""Shared cases of the Triton head-loss tests (interpreter and GPU): plans, random batches
+and the comparison with the float64 reference. Holds no tests itself and imports no triton,
+so either test module can set TRITON_INTERPRET first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mtprun.compiler import HeadPlan
+
+from .reference import reference_head_loss
+
+PLANS = {
+    "sft": [{"kind": "ce"}, {"kind": "z_loss", "weight": 1e-2}],
+    "grpo": [
+        {"kind": "grpo", "kl_coef": 0.1, "kl_estimator": "k3"},
+        {"kind": "entropy", "coef": 0.01},
+    ],
+    "grpo_k1_seq_mean": [
+        {"kind": "grpo", "kl_coef": 0.2, "kl_estimator": "k1", "loss_agg": "seq-mean-token-mean"}
+    ],
+    "grpo_k2_sum_norm": [
+        {
+            "kind": "grpo",
+            "kl_coef": 0.2,
+            "kl_estimator": "k2",
+            "loss_agg": "seq-mean-token-sum-norm",
+        },
+        {"kind": "ce", "weight": 0.5},
+    ],
+    "mtp_soft": [{"kind": "ce"}, {"kind": "mtp", "depth": 2, "target": "soft"}],
+    "mtp_hard_shared": [
+        {"kind": "ce"},
+        {"kind": "mtp", "depth": 1, "target": "hard", "train_shared_output": True},
+    ],
+    "mtp_topk": [{"kind": "ce"}, {"kind": "mtp", "depth": 2, "target": "topk", "topk": 5}],
+    "distill": [{"kind": "distill", "teacher": "t", "temperature": 2.0}, {"kind": "ce"}],
+}
+
+
+def make_batch(
+    seed: int,
+    active: float,
+    *,
+    n: int,
+    h: int,
+    v: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> dict:
+    """Fresh random inputs; about `active` of the rows under the loss mask, 3 sequences."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def matrix(rows: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(rows, h, generator=gen) * scale).to(device=device, dtype=dtype)
+
+    def vector(scale: float) -> torch.Tensor:
+        return (-torch.rand(n, generator=gen) * scale).to(device)
+
+    return {
+        "hidden": matrix(n).requires_grad_(),
+        "weight": matrix(v, 2.0 / h**0.5).requires_grad_(),
+        "targets": torch.randint(0, v, (n,), generator=gen).to(device),
+        "loss_mask": (torch.rand(n, generator=gen) < active).to(device),
+        "advantages": torch.randn(n, generator=gen).to(device),
+        "old_logprobs": vector(6.0),
+        "ref_logprobs": vector(6.0),
+        "mtp_hidden": [matrix(n).requires_grad_() for _ in range(2)],
+        "cu_seqlens": torch.tensor([0, n // 4, n // 2 + 3, n]).to(device),
+        "teacher_hidden": matrix(n),
+        "teacher_weight": matrix(v, 2.0 / h**0.5),
+    }
+
+
+def arguments(plan: HeadPlan, batch: dict) -> dict:
+    """Only the inputs the plan uses (validate rejects the others)."""
+    args = {k: batch[k] for k in ("targets", "loss_mask", "cu_seqlens")}
+    if plan.term("grpo") is not None:
+        args.update({k: batch[k] for k in ("advantages", "old_logprobs", "ref_logprobs")})
+    if plan.mtp_depths:
+        args["mtp_hidden"] = batch["mtp_hidden"][: len(plan.mtp_depths)]
+    if plan.term("distill") is not None:
+        args.update({k: batch[k] for k in ("teacher_hidden", "teacher_weight")})
+    return args
+
+
+def run(fn, plan: HeadPlan, batch: dict, **options):
+    """Loss output and the gradients of hidden, weight and the used mtp_hidden."""
+    students = [batch["hidden"], batch["weight"], *batch["mtp_hidden"][: len(plan.mtp_depths)]]
+    for tensor in students:
+        tensor.grad = None
+    out = fn(batch["hidden"], batch["weight"], plan, **arguments(plan, batch), **options)
+    out.loss.backward()
+    grads = [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in students]
+    return out, grads
+
+
+def on_cpu(batch: dict) -> dict:
+    """A leaf copy of `batch` on the CPU (for the float64 reference)."""
+
+    def move(value):
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        moved = value.detach().cpu()
+        return moved.requires_grad_() if value.requires_grad else moved
+
+    return {name: move(value) for name, value in batch.items()}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach().double().cpu(), expected.detach().double().cpu()
+    return float((actual - expected).norm() / expected.norm().clamp(min=1e-12))
+
+
+def assert_matches_reference(fn, plan: HeadPlan, batch: dict, tol: float, **options) -> None:
+    """Loss, every metric, logprobs and every gradient of `fn` against the float64 reference."""
+    out, grads = run(fn, plan, batch, **options)
+    ref, ref_grads = run(reference_head_loss, plan, on_cpu(batch))
+    assert torch.isfinite(out.loss.detach())
+    loss = float(out.loss.detach())
+    assert loss == pytest.approx(float(ref.loss.detach()), rel=tol, abs=tol)
+    assert set(out.metrics) == set(plan.metrics)
+    for name in plan.metrics:
+        expected = float(ref.metrics[name])
+        assert float(out.metrics[name]) == pytest.approx(expected, rel=tol, abs=tol), name
+    torch.testing.assert_close(
+        out.logprobs.double().cpu(), ref.logprobs.double(), rtol=tol, atol=tol
+    )
+    for index, (grad, ref_grad) in enumerate(zip(grads, ref_grads, strict=True)):
+        if ref_grad.abs().max() == 0:
+            assert grad.abs().max() == 0, f"gradient {index} should be zero"
+        else:
+            assert relative_error(grad, ref_grad) < tol, f"gradient {index}"
