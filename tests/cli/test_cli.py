@@ -67,6 +67,14 @@ def test_five_errors_at_once_exit_2_no_traceback(tmp_path: Path) -> None:
     assert "5 error(s)" in result.stdout
 
 
+def test_recipe_as_first_argument_is_run_and_checked_first(tmp_path: Path) -> None:
+    (tmp_path / "five.yaml").write_text(FIVE_ERRORS)
+    result = _mtprun("five.yaml", "trainer.steps=3", cwd=tmp_path)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 4  # the override fixed one of the five
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 def test_yaml_syntax_error_exit_2_no_traceback(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("name: x\nmodel: {tiny: {}\n")
     result = _mtprun("validate", "broken.yaml", cwd=tmp_path)
