@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Console
 from rich.table import Table
@@ -24,6 +25,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     files, overrides = split_overrides(args.args)
+    if not files:
+        print("mtprun validate: no recipe file given (only KEY=VALUE overrides)", file=sys.stderr)
+        return EXIT_INVALID
     checks = {file: check_recipe(file, overrides) for file in files}
     for check in checks.values():
         print_diagnostics(check.diagnostics)

@@ -151,3 +151,8 @@ def test_validate_needs_a_file(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["validate"])
     assert "the following arguments are required" in capsys.readouterr().err
+
+
+def test_validate_with_only_overrides_is_an_error(capsys) -> None:
+    assert main(["validate", "trainer.lr=1"]) == 2
+    assert "no recipe file given" in capsys.readouterr().err
