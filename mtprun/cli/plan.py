@@ -30,6 +30,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help="Print the HeadPlan JSON (HeadPlan.from_json reads it)."
     )
+    parser.add_argument(
+        "--head",
+        nargs=2,
+        type=int,
+        metavar=("HIDDEN", "VOCAB"),
+        help="Output-layer shape for the estimate when the model folder is not at hand "
+        "(e.g. --head 3584 152064 for Qwen2.5-7B).",
+    )
     parser.set_defaults(func=run)
 
 
@@ -47,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(plan.to_json())
         return 0
-    shape = _head_shape(recipe)
+    shape = tuple(args.head) if args.head else _head_shape(recipe)
     if isinstance(shape, str):
         cost: HeadCost | str = shape
     else:
@@ -68,7 +76,7 @@ def _head_shape(recipe: Recipe) -> tuple[int, int] | str:
         return tiny.hidden, tiny.vocab or _tokenizer_size(recipe)
     config = Path(recipe.model.path or "") / "config.json"
     if not config.is_file():
-        return f"unknown: {config} not found (plan reads hidden_size and vocab_size from it)"
+        return f"unknown: {config} not found (give --head HIDDEN VOCAB)"
     fields = json.loads(config.read_text(encoding="utf-8"))
     return int(fields["hidden_size"]), int(fields["vocab_size"])
 

@@ -11,6 +11,7 @@ import pytest
 
 from mtprun.cli import main
 from mtprun.compiler import HeadPlan, compile_recipe
+from mtprun.compiler.estimate import estimate_head_cost
 from mtprun.spec import load_recipe
 from mtprun.spec.schema import recipe_json_schema
 
@@ -123,10 +124,20 @@ def test_plan_of_an_invalid_recipe_exits_2(tmp_path, capsys) -> None:
     assert len(capsys.readouterr().err.splitlines()) == 5
 
 
-def test_plan_without_the_model_folder_still_shows_the_plan(capsys) -> None:
-    assert main(["plan", str(REPO / "recipes" / "megatron-tp2.yaml")]) == 0
+def test_plan_without_the_model_folder_takes_the_head_shape(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
+    assert main(["plan", str(recipe_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "config.json not found" in out and "grpo" in out
+    assert "config.json not found (give --head HIDDEN VOCAB)" in out and "grpo" in out
+
+    assert main(["plan", str(recipe_path), "--head", "64", "1001"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    plan = compile_recipe(load_recipe(recipe_path))
+    cost = estimate_head_cost(plan, rows=16384, hidden=64, vocab=1001, param_bytes=2)
+    fused, unfused = cost.fused_bytes / 2**20, cost.unfused_bytes / 2**20
+    assert "16384 rows x hidden 64 -> vocab 1001 (padded to 1002, a multiple of tp)" in out
+    assert f"fused {fused:.2f} MiB, unfused {unfused:.2f} MiB" in out
 
 
 def test_schema_written_with_o_is_the_recipe_schema(tmp_path: Path) -> None:
