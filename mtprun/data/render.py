@@ -89,6 +89,7 @@ class Renderer:
 
     @property
     def sampled_exact(self) -> bool:
+        """False on the role-span fallback (a chat template mtprun does not know)."""
         return self.chat_format is not None
 
     @property

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -78,3 +80,13 @@ def test_unknown_task_and_reward_are_clear_errors() -> None:
         get_task("chess")
     with pytest.raises(ValueError, match=r"unknown reward 'elo'.*arithmetic"):
         get_reward("elo")
+
+
+def test_registries_import_without_torch() -> None:
+    """Recipe validation reads the task/reward registries and the chat templates: they must
+    not pull in torch or transformers (`mtprun validate` starts in well under a second)."""
+    code = (
+        "import sys, mtprun.data.tasks, mtprun.data.templates; "
+        "heavy = {'torch', 'transformers'} & set(sys.modules); assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ class Piece:
     sampled: bool
 
 
-class ChatFormat:
+class ChatFormat(ABC):
     """A chat template family: its special tokens, its Jinja template, and a Python renderer
     that yields the same text as the Jinja one, split into pieces labelled with the role that
     authored them and whether the model emits them at inference.
@@ -54,8 +55,9 @@ class ChatFormat:
     stop_tokens: tuple[str, ...]
     jinja: str
 
+    @abstractmethod
     def pieces(self, messages: Sequence[Message], add_generation_prompt: bool) -> Iterator[Piece]:
-        raise NotImplementedError
+        """The rendering of `messages`, in order; joined, exactly the Jinja template's text."""
 
     def parse_assistant(self, text: str) -> Message:
         """The assistant message behind generated text (stop token stripped or not).
