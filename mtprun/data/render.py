@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -113,7 +114,7 @@ class Renderer:
         pieces = list(self.chat_format.pieces(messages, add_generation_prompt))
         encoded = self.tokenizer([p.text for p in pieces], add_special_tokens=False)["input_ids"]
         lengths = torch.tensor([len(ids) for ids in encoded])
-        token_ids = torch.tensor([t for ids in encoded for t in ids], dtype=torch.int64)
+        token_ids = torch.tensor(list(chain.from_iterable(encoded)), dtype=torch.int64)
         roles = torch.tensor([ROLE_IDS[p.role] for p in pieces], dtype=torch.int8)
         sampled = torch.tensor([p.sampled for p in pieces], dtype=torch.bool)
         return RenderedSequence(
