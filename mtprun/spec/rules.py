@@ -17,6 +17,7 @@ from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity, did_you_mean
 from mtprun.spec.mask import uses_sampled_flags
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
+from mtprun.spec.model_shape import ModelShape, model_shape
 
 if TYPE_CHECKING:
     from mtprun.spec.losses import LossTerm
@@ -155,30 +156,30 @@ def _tiny_model_shape(r: Recipe) -> Iterator[Issue]:
 
 @rule("losses", "model")
 def _mtp_depth_fits_model(r: Recipe) -> Iterator[Issue]:
-    tiny = r.model.tiny
-    if tiny is None:  # an HF folder's MTP layers are only known when it is loaded
+    shape = model_shape(r.model)
+    if shape is None:
         return
     for i, term in _terms(r):
-        if term.kind != "mtp" or term.depth <= tiny.mtp_layers:
+        if term.kind != "mtp" or term.depth <= shape.mtp_layers:
             continue
         yield Issue(
             ("losses", i, "depth"),
-            f"mtp depth {term.depth} exceeds the model's MTP layers ({tiny.mtp_layers}); "
-            "set model.tiny.architecture: mimo and mtp_layers >= depth",
+            f"mtp depth {term.depth} exceeds the model's MTP layers ({shape.mtp_layers}); "
+            + _more_mtp_layers(shape, "mtp_layers >= depth"),
         )
 
 
 @rule("rollout", "model")
 def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
-    spec, tiny = r.rollout.speculative, r.model.tiny
-    if spec is None or spec.method != "mtp" or tiny is None:
+    spec, shape = r.rollout.speculative, model_shape(r.model)
+    if spec is None or spec.method != "mtp" or shape is None:
         return
     where = ("rollout", "speculative")
-    if tiny.mtp_layers == 0:
+    if shape.mtp_layers == 0:
         yield Issue(
             (*where, "method"),
             "speculative method 'mtp' drafts with the model's MTP layers, and it has none; "
-            "set model.tiny.architecture: mimo and mtp_layers: 1",
+            + _more_mtp_layers(shape, "mtp_layers: 1"),
         )
     elif spec.num_speculative_tokens > 1:
         yield Issue(
@@ -187,16 +188,24 @@ def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
         )
 
 
+def _more_mtp_layers(shape: ModelShape, setting: str) -> str:
+    if shape.config is None:
+        return f"set model.tiny.architecture: mimo and {setting}"
+    return f"use a model with MTP layers ({shape.label('mtp_layers')} is {shape.mtp_layers})"
+
+
 @rule("parallel", "model")
 def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
-    tiny, tp = r.model.tiny, r.parallel.tp
-    if tiny is None or tp == 1:
+    shape, tp = model_shape(r.model), r.parallel.tp
+    if shape is None or tp == 1:
         return
     # Each rank holds whole attention heads and a slice of the MLP; the vocab is padded instead.
     for name in ("heads", "kv_heads", "intermediate"):
-        count = getattr(tiny, name)
+        count = getattr(shape, name)
         if count % tp:
-            yield Issue(("parallel", "tp"), f"tp {tp} does not divide model.tiny.{name} ({count})")
+            yield Issue(
+                ("parallel", "tp"), f"tp {tp} does not divide {shape.label(name)} ({count})"
+            )
 
 
 @rule("parallel", "resources")
@@ -267,12 +276,12 @@ def _known_chat_template(model_dir: str) -> bool:
 
 @rule("rollout", "model", "task")
 def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
-    tiny = r.model.tiny
-    if r.task is not None and tiny is not None and r.rollout.max_tokens >= tiny.max_seq_len:
+    shape = model_shape(r.model)
+    if r.task is not None and shape is not None and r.rollout.max_tokens >= shape.max_seq_len:
         yield Issue(
             ("rollout", "max_tokens"),
             f"max_tokens {r.rollout.max_tokens} leaves no room for the prompt within "
-            f"model.tiny.max_seq_len {tiny.max_seq_len} (vLLM's max model length)",
+            f"{shape.label('max_seq_len')} {shape.max_seq_len} (vLLM's max model length)",
         )
 
 

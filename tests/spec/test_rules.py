@@ -184,6 +184,48 @@ def test_model_folder_with_a_known_chat_template_needs_no_fallback(
     assert [line.split(": ")[1] for line in located(path)] == ["warning"]
 
 
+def test_an_hf_folder_is_checked_from_its_config(write_recipe, located, tmp_path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    config = {
+        "num_attention_heads": 6,
+        "num_key_value_heads": 3,
+        "intermediate_size": 256,
+        "max_position_embeddings": 128,
+    }
+    (model / "config.json").write_text(json.dumps(config))
+    text = f"""\
+name: t
+model:
+  path: {model}
+task:
+  name: arithmetic
+  reward: arithmetic
+losses:
+  - kind: grpo
+  - kind: mtp
+parallel:
+  tp: 2
+rollout:
+  max_tokens: 200
+  speculative:
+    method: mtp
+"""
+    path = write_recipe(text)
+    cfg = model / "config.json"
+    assert located(path) == [
+        f"{path}:9:5: mtp depth 1 exceeds the model's MTP layers (0); use a model with MTP "
+        f"layers ({cfg} num_nextn_predict_layers is 0)",
+        f"{path}:11:7: tp 2 does not divide {cfg} num_key_value_heads (3)",
+        f"{path}:13:15: max_tokens 200 leaves no room for the prompt within {cfg} "
+        "max_position_embeddings 128 (vLLM's max model length)",
+        f"{path}:15:13: speculative method 'mtp' drafts with the model's MTP layers, and it "
+        f"has none; use a model with MTP layers ({cfg} num_nextn_predict_layers is 0)",
+    ]
+    (model / "config.json").write_text("{not json")
+    assert located(path) == []  # unreadable here: the runner reports it
+
+
 def test_rules_still_run_when_other_sections_are_invalid(write_recipe, located) -> None:
     # A broken trainer section must not hide the grpo rule (it reads losses and task only).
     path = write_recipe(SFT + "losses: [{kind: grpo}]\ntrainer: {steps: 0}\n")
