@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from rich.table import Table
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
 from mtprun.spec import Recipe, check_recipe
+from mtprun.spec.model_shape import model_shape
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
@@ -71,14 +71,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _head_shape(recipe: Recipe) -> tuple[int, int] | str:
     """(hidden, vocab) of the output layer, or why they are unknown."""
-    tiny = recipe.model.tiny
-    if tiny is not None:
-        return tiny.hidden, tiny.vocab or _tokenizer_size(recipe)
-    config = Path(recipe.model.path or "") / "config.json"
-    if not config.is_file():
-        return f"unknown: {config} not found (give --head HIDDEN VOCAB)"
-    fields = json.loads(config.read_text(encoding="utf-8"))
-    return int(fields["hidden_size"]), int(fields["vocab_size"])
+    shape = model_shape(recipe.model)
+    if shape is None:
+        config = Path(recipe.model.path or "") / "config.json"
+        return f"unknown: {config} not readable here (give --head HIDDEN VOCAB)"
+    return shape.hidden, shape.vocab or _tokenizer_size(recipe)
 
 
 def _tokenizer_size(recipe: Recipe) -> int:

@@ -10,6 +10,8 @@ from mtprun.spec.model import ModelSection
 
 # HF config.json keys of the TinyModel fields the rules read.
 CONFIG_KEYS = {
+    "hidden": "hidden_size",
+    "vocab": "vocab_size",
     "heads": "num_attention_heads",
     "kv_heads": "num_key_value_heads",
     "intermediate": "intermediate_size",
@@ -20,6 +22,8 @@ CONFIG_KEYS = {
 
 @dataclass(frozen=True)
 class ModelShape:
+    hidden: int
+    vocab: int | None  # None: the tokenizer's size (tiny models)
     heads: int
     kv_heads: int
     intermediate: int
@@ -40,7 +44,13 @@ def model_shape(model: ModelSection) -> ModelShape | None:
     tiny = model.tiny
     if tiny is not None:
         return ModelShape(
-            tiny.heads, tiny.kv_heads, tiny.intermediate, tiny.mtp_layers, tiny.max_seq_len
+            hidden=tiny.hidden,
+            vocab=tiny.vocab,
+            heads=tiny.heads,
+            kv_heads=tiny.kv_heads,
+            intermediate=tiny.intermediate,
+            mtp_layers=tiny.mtp_layers,
+            max_seq_len=tiny.max_seq_len,
         )
     config = os.path.join(model.path or "", "config.json")
     try:
@@ -48,6 +58,8 @@ def model_shape(model: ModelSection) -> ModelShape | None:
             fields = json.load(f)
         heads = int(fields["num_attention_heads"])
         return ModelShape(
+            hidden=int(fields["hidden_size"]),
+            vocab=int(fields["vocab_size"]),
             heads=heads,
             kv_heads=int(fields.get("num_key_value_heads") or heads),
             intermediate=int(fields["intermediate_size"]),

@@ -129,7 +129,7 @@ def test_plan_without_the_model_folder_takes_the_head_shape(capsys, monkeypatch)
     recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
     assert main(["plan", str(recipe_path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "config.json not found (give --head HIDDEN VOCAB)" in out and "grpo" in out
+    assert "config.json not readable here (give --head HIDDEN VOCAB)" in out and "grpo" in out
 
     assert main(["plan", str(recipe_path), "--head", "64", "1001"]) == 0
     out = " ".join(capsys.readouterr().out.split())

@@ -188,6 +188,8 @@ def test_an_hf_folder_is_checked_from_its_config(write_recipe, located, tmp_path
     model = tmp_path / "model"
     model.mkdir()
     config = {
+        "hidden_size": 384,
+        "vocab_size": 1000,
         "num_attention_heads": 6,
         "num_key_value_heads": 3,
         "intermediate_size": 256,
