@@ -6,6 +6,8 @@ from mtprun.spec.base import Section
 
 
 class ParallelSection(Section):
+    """Model-parallel layout of the trainer: tp*pp*cp*dp processes."""
+
     tp: int = Field(1, ge=1, description="Tensor parallel size (splits heads and the vocab).")
     pp: int = Field(1, ge=1, description="Pipeline parallel size.")
     cp: int = Field(1, ge=1, description="Context parallel size (splits each sequence).")

@@ -23,6 +23,9 @@ SKIP_RULES = "mtprun.skip_rules"
 
 
 class Recipe(Section):
+    """One experiment: model, data or task, fused loss terms, mask, parallelism, rollouts,
+    optimisation, tracking and resources."""
+
     name: str = Field(
         ...,
         pattern=RUN_NAME_PATTERN,

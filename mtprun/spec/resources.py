@@ -6,6 +6,8 @@ from mtprun.spec.base import Section
 
 
 class ResourcesSection(Section):
+    """The Ray cluster and what each actor asks of it."""
+
     ray_address: str | None = Field(
         None, description="Address of a running Ray cluster; null starts a local one."
     )

@@ -8,6 +8,8 @@ from mtprun.spec.base import Section
 
 
 class SpeculativeSection(Section):
+    """Speculative decoding of rollouts."""
+
     method: Literal["mtp"] = Field(
         "mtp", description="Draft with the model's own MTP layers (needs model.tiny.mtp_layers)."
     )
@@ -15,6 +17,8 @@ class SpeculativeSection(Section):
 
 
 class RolloutSection(Section):
+    """How the generation engine samples RL rollouts."""
+
     engine: Literal["vllm"] = Field("vllm", description="Generation engine.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")

@@ -6,6 +6,8 @@ from mtprun.spec.base import Section
 
 
 class TrackingSection(Section):
+    """Where MLflow records params, metrics and artifacts."""
+
     uri: str | None = Field(
         None,
         description="MLflow tracking URI; null means sqlite:///<run_dir>/mlflow.db.",

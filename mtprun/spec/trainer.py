@@ -8,6 +8,8 @@ from mtprun.spec.base import Section
 
 
 class TrainerSection(Section):
+    """Optimizer, learning-rate schedule and step budget."""
+
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
     lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
