@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from mtprun.data.messages import ROLES, Message, Role
-from mtprun.data.templates import ChatFormat, chat_format_of_template, get_chat_format
+from mtprun.data.templates import ChatFormat, chat_format_of_template
 from mtprun.data.tokenizer import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -214,13 +214,14 @@ def _check_special_tokens(tokenizer: PreTrainedTokenizerBase, chat_format: ChatF
         )
 
 
-def renderer_for(template: str, tokenizer_path: str | None = None) -> Renderer:
-    """The renderer of a recipe section: the tiny char-level tokenizer of `template`, or the
-    tokenizer saved in `tokenizer_path` (a model folder) rendered with `template`'s format."""
-    if tokenizer_path is None:
+def renderer_for(template: str, model_path: str | None = None) -> Renderer:
+    """The renderer of a recipe section: for a tiny model, the char-level tokenizer of
+    `template`; for an HF model folder, the folder's own tokenizer and chat template (exact
+    when it is one of mtprun's, as in folders mtprun saved; else the role-span fallback),
+    as the runner renders it."""
+    if model_path is None:
         return Renderer(build_tokenizer(template))
     # Imported here: the auto classes pull in most of transformers (seconds).
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    return Renderer(tokenizer, chat_format=get_chat_format(template))
+    return Renderer(AutoTokenizer.from_pretrained(model_path))

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from mtprun.cli import main
 from mtprun.cli.inspect_data import TRAINED_STYLE
+from mtprun.data.tokenizer import build_tokenizer
 
 RECIPE = """\
 name: inspect
@@ -114,3 +115,20 @@ def test_a_data_file_without_good_records_is_a_clear_error(tmp_path, capsys) -> 
     assert main(["inspect-data", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert f"no usable record in {data}" in err and f"{data}:1: empty conversation" in err
+
+
+def test_model_folder_with_an_unknown_template_shows_the_fallback(tmp_path, capsys) -> None:
+    model = tmp_path / "model"
+    tokenizer = build_tokenizer("glm")
+    tokenizer.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    tokenizer.save_pretrained(model)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "name: folder\nmodel: {path: model}\n"
+        "data: {source: arithmetic, template: glm}\nlosses: [{kind: ce}]\nmask: sampled\n"
+    )
+    assert main(["inspect-data", str(recipe), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "unknown chat template: is_sampled estimated from role spans" in out
+    # Role spans: the assistant's tag and answer are trained, the closing <|user|>-less end too.
+    assert re.search(r"^assistant\s+(\d+)\s+\1$", out, flags=re.MULTILINE)
