@@ -37,6 +37,14 @@ CASES = {
         "losses:\n  - kind: ce\n  - kind: grpo\n    clip_low: 1.5\n",
         ["13:15: losses.1.clip_low: input should be less than 1 (got 1.5)"],
     ),
+    "negative loss weight": (
+        "losses:\n  - {kind: ce, weight: -1}\n",
+        ["11:24: losses.0.weight: input should be greater than or equal to 0 (got -1)"],
+    ),
+    "clip_high must be positive": (
+        "losses:\n  - kind: grpo\n    clip_high: 0\n",
+        ["12:16: losses.0.clip_high: input should be greater than 0 (got 0)"],
+    ),
     "literal with a close match": (
         "rollout:\n  engine: vlm\n",
         ["11:11: rollout.engine: invalid value 'vlm' (did you mean 'vllm'?); allowed: 'vllm'"],
