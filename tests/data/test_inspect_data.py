@@ -130,5 +130,5 @@ def test_model_folder_with_an_unknown_template_shows_the_fallback(tmp_path, caps
     assert main(["inspect-data", str(recipe), "-n", "1"]) == 0
     out = capsys.readouterr().out
     assert "unknown chat template: is_sampled estimated from role spans" in out
-    # Role spans: the assistant's tag and answer are trained, the closing <|user|>-less end too.
+    # Role spans: every token of the assistant's message counts as sampled, its tag included.
     assert re.search(r"^assistant\s+(\d+)\s+\1$", out, flags=re.MULTILINE)
