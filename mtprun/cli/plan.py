@@ -48,25 +48,31 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     # The compiler imports torch: only once a recipe is known to be valid.
     from mtprun.compiler import compile_recipe
-    from mtprun.compiler.estimate import estimate_head_cost
 
-    recipe = check.recipe
-    plan = compile_recipe(recipe)
+    plan = compile_recipe(check.recipe)
     if args.json:
         print(plan.to_json())
-        return 0
-    shape = tuple(args.head) if args.head else _head_shape(recipe)
-    if isinstance(shape, str):
-        cost: HeadCost | str = shape
     else:
-        hidden, vocab = shape
-        param_bytes = 2 if recipe.model.dtype == "bfloat16" else 4
-        rows = recipe.trainer.micro_batch_tokens
-        cost = estimate_head_cost(
-            plan, rows=rows, hidden=hidden, vocab=vocab, param_bytes=param_bytes
-        )
-    Console().print(Group(_overview(recipe, plan, cost), _terms_table(plan)))
+        cost = _cost(check.recipe, plan, args.head)
+        Console().print(Group(_overview(check.recipe, plan, cost), _terms_table(plan)))
     return 0
+
+
+def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | str:
+    """The head-loss cost of one micro batch, or why it cannot be estimated."""
+    from mtprun.compiler.estimate import estimate_head_cost
+
+    shape = tuple(head) if head else _head_shape(recipe)
+    if isinstance(shape, str):
+        return shape
+    hidden, vocab = shape
+    return estimate_head_cost(
+        plan,
+        rows=recipe.trainer.micro_batch_tokens,
+        hidden=hidden,
+        vocab=vocab,
+        param_bytes=2 if recipe.model.dtype == "bfloat16" else 4,
+    )
 
 
 def _head_shape(recipe: Recipe) -> tuple[int, int] | str:
