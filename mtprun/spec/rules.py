@@ -136,7 +136,7 @@ def _tiny_model_shape(r: Recipe) -> Iterator[Issue]:
             (*where, "heads"), f"hidden {tiny.hidden} is not divisible by heads {tiny.heads}"
         )
     elif tiny.head_dim not in VLLM_CPU_HEAD_DIMS:
-        fits = [h for h in range(1, tiny.hidden + 1) if tiny.hidden / h in VLLM_CPU_HEAD_DIMS]
+        fits = sorted(tiny.hidden // d for d in VLLM_CPU_HEAD_DIMS if tiny.hidden % d == 0)
         hint = f"; heads in {fits} fit hidden {tiny.hidden}" if fits else ""
         yield Issue(
             (*where, "heads"),
