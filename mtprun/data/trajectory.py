@@ -92,7 +92,7 @@ def expert_rollout(
     """
     builder = TrajectoryBuilder(renderer.render(prompt.messages, add_generation_prompt=True))
     conversation = prompt.messages
-    for _ in range(max_turns):
+    for turn in range(1, max_turns + 1):
         conversation = (*conversation, task.expert_reply(conversation, prompt))
         tool_message = task.tool_response(conversation)
         # The turn's stop token may be the next message's opening tag (GLM), so render with
@@ -103,8 +103,8 @@ def expert_rollout(
         end = int(rendered.is_sampled.nonzero().max()) + 1
         emitted = rendered.token_ids[builder.num_tokens : end].tolist()
         builder.add_sampled(emitted, [0.0] * len(emitted))
-        if tool_message is None:
-            break
+        if tool_message is None or turn == max_turns:
+            break  # as in the runner: no tool answer is inserted when no turn is left
         builder.add_inserted(renderer.continuation(conversation, [tool_message]))
         conversation = (*conversation, tool_message)
     return builder.build(), conversation

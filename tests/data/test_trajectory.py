@@ -92,3 +92,13 @@ def test_prompt_tokens_are_never_sampled(renderer: Renderer) -> None:
     few_shot = [Message("user", "1+1="), Message("assistant", "2"), Message("user", "2+2=")]
     builder = TrajectoryBuilder(renderer.render(few_shot, add_generation_prompt=True))
     assert not builder.build().is_sampled.any()
+
+
+def test_expert_rollout_stops_at_max_turns_without_inserting(renderer: Renderer) -> None:
+    task = get_task("calculator_tool")
+    prompt = task.prompts(1, seed=random.randrange(1000))[0]
+    trajectory, conversation = expert_rollout(task, prompt, renderer, max_turns=1)
+    assert [m.role for m in conversation] == ["user", "assistant"]
+    assert conversation[-1].tool_calls
+    assert trajectory.is_sampled[-1]  # ends on the sampled stop token, no tool output after it
+    assert not (trajectory.roles == ROLE_IDS["tool"]).any()
