@@ -127,6 +127,7 @@ class TorchHeadEngine:
                 )
             )
         self.grads: Gradients | None = None
+        self.backward_done = False
 
     def forward(self, want: Gradients) -> ForwardResult:
         """Statistics, loss and metrics; with the one-pass schedule also the gradients the
@@ -161,8 +162,14 @@ class TorchHeadEngine:
 
     def backward(self, grad_loss: torch.Tensor) -> Gradients:
         """Gradients of the loss scaled by grad_loss (two-pass groups run their gradient pass
-        here); under tensor parallelism grad_hidden / grad_mtp_hidden are summed over ranks."""
+        here); under tensor parallelism grad_hidden / grad_mtp_hidden are summed over ranks.
+        Scales the accumulators in place, so one backward per forward."""
         grads = self.grads
+        if self.backward_done:
+            raise RuntimeError(
+                "head_loss backward ran twice on one forward: call head_loss again instead of "
+                "backward(retain_graph=True)"
+            )
         for run in self.runs:
             if not run.one_pass:
                 self._gradient_pass(run)
@@ -171,12 +178,16 @@ class TorchHeadEngine:
         for tensor in (*hidden_grads, grads.weight):
             if tensor is not None:
                 tensor.mul_(grad_loss)
+        self.backward_done = True
         return grads
 
     def _one_pass(self, run: _GroupRun) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        group, loss, metrics, chunks = run.group, 0.0, {}, []
+        group, chunks = run.group, []
+        loss, metrics = self.inputs.hidden.new_zeros((), dtype=torch.float32), {}
         for rows in _chunks(group.num_rows, run.rows_per_chunk):
-            partial, buffers = self._tile(run, rows, 0, self.inputs.weight.shape[0])
+            student, teacher = self._chunk_hidden(group, rows)
+            local_vocab = self.inputs.weight.shape[0]
+            partial, buffers = self._tile(run, rows, student, teacher, 0, local_vocab)
             stats = finalize(partial)
             result = combine(group, stats, run.inputs.select(rows), run.weights.select(rows))
             loss = loss + result.loss
@@ -185,7 +196,7 @@ class TorchHeadEngine:
             shifted, expz, *t_exp = buffers
             probs = expz.div_(partial.sumexp[:, None])
             q = t_exp[0].div_(partial.t_sumexp[:, None]) if t_exp else None
-            self._accumulate(run, rows, 0, shifted, probs, q, stats, result.grad)
+            self._accumulate(run, rows, student, 0, (shifted, probs, q), stats, result.grad)
         run.stats = _cat_stats(chunks) if chunks else None
         return loss, metrics
 
@@ -194,9 +205,11 @@ class TorchHeadEngine:
         local_vocab = self.inputs.weight.shape[0]
         per_chunk = []
         for rows in _chunks(run.group.num_rows, run.rows_per_chunk):
+            student, teacher = self._chunk_hidden(run.group, rows)
             partial = None
             for start in range(0, local_vocab, run.tile):
-                tile, _ = self._tile(run, rows, start, min(start + run.tile, local_vocab))
+                stop = min(start + run.tile, local_vocab)
+                tile, _ = self._tile(run, rows, student, teacher, start, stop)
                 partial = tile if partial is None else merge(partial, tile)
             per_chunk.append(partial)
         if not per_chunk:
@@ -220,13 +233,20 @@ class TorchHeadEngine:
                 if run.spec.teacher_dense:
                     q = self._teacher_logits(group, teacher, start, stop)
                     q = q.sub_(chunk_stats.teacher_lse[:, None]).exp_()
-                self._accumulate(run, rows, start, shifted, probs, q, chunk_stats, coeffs)
+                tensors = (shifted, probs, q)
+                self._accumulate(run, rows, student, start, tensors, chunk_stats, coeffs)
 
     def _tile(
-        self, run: _GroupRun, rows: slice, start: int, stop: int
+        self,
+        run: _GroupRun,
+        rows: slice,
+        student: torch.Tensor,
+        teacher: torch.Tensor | None,
+        start: int,
+        stop: int,
     ) -> tuple[PartialStats, tuple[torch.Tensor, ...]]:
+        """Statistics of columns [start, stop) of the local vocab for one chunk of rows."""
         group = run.group
-        student, teacher = self._chunk_hidden(group, rows)
         z = _logits(student, self.inputs.weight[start:stop])
         t = self._teacher_logits(group, teacher, start, stop) if run.spec.teacher else None
         col_start = self.inputs.vocab_start + start
@@ -235,6 +255,7 @@ class TorchHeadEngine:
     def _chunk_hidden(
         self, group: RowGroup, rows: slice
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """float32 student (and teacher) hidden rows of one chunk."""
         student = group.student[group.rows[rows]].float()
         if group.teacher_rows is None:
             return student, None
@@ -252,27 +273,28 @@ class TorchHeadEngine:
         self,
         run: _GroupRun,
         rows: slice,
+        student: torch.Tensor,
         start: int,
-        shifted: torch.Tensor,
-        probs: torch.Tensor,
-        q: torch.Tensor | None,
+        tile: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
         stats: RowStats,
         coeffs: GradCoeffs,
     ) -> None:
-        """d loss / d logits of one tile, then its share of the hidden and weight grads."""
+        """d loss / d logits of one tile, then its share of the hidden and weight grads.
+
+        tile: (z - max, p, q) of columns [start, start + width); the first is overwritten.
+        """
         if coeffs.a is None:
             return
-        group = run.group
+        group, grads = run.group, self.grads
+        shifted, probs, q = tile
         col_start = self.inputs.vocab_start + start
         dz = _dlogits(shifted, probs, q, coeffs, stats, group.targets[rows], col_start)
-        grads = self.grads
+        stop = start + dz.shape[1]
         target = grads.hidden if group.head == 0 else grads.mtp_hidden[group.head - 1]
-        weight_tile = self.inputs.weight[start : start + dz.shape[1]]
         if target is not None:
-            target.index_add_(0, group.rows[rows], dz @ weight_tile.float())
+            target.index_add_(0, group.rows[rows], dz @ self.inputs.weight[start:stop].float())
         if grads.weight is not None and group.trains_weight:
-            student = group.student[group.rows[rows]].float()
-            grads.weight[start : start + dz.shape[1]].addmm_(dz.T, student)
+            grads.weight[start:stop].addmm_(dz.T, student)
 
     def _logprobs(self) -> torch.Tensor:
         policy = self.runs[0]

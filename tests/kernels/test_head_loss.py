@@ -157,3 +157,11 @@ def test_chunking_layout_follows_the_memory_budget(budget, vocab, expected):
     rows, tile = Chunking(memory_budget=budget).layout(vocab, buffers=3)
     assert (rows, tile) == expected
     assert rows * tile * 3 * 4 <= budget
+
+
+def test_second_backward_on_one_forward_is_refused():
+    problem = make_problem([{"kind": "ce"}]).clone()
+    loss = problem.call(head_loss).loss
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
