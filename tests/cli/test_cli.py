@@ -167,3 +167,15 @@ def test_validate_needs_a_file(capsys) -> None:
 def test_validate_with_only_overrides_is_an_error(capsys) -> None:
     assert main(["validate", "trainer.lr=1"]) == 2
     assert "no recipe file given" in capsys.readouterr().err
+
+
+def test_validate_never_imports_torch() -> None:
+    # Command modules import heavy dependencies inside their `func`: `mtprun validate` in CI
+    # and editors must not pay for torch, ray or vllm.
+    code = (
+        "import sys; from mtprun.cli import main; "
+        "code = main(['validate', 'recipes/quickstart.yaml']); "
+        "heavy = {'torch', 'transformers', 'ray', 'vllm'} & set(sys.modules); "
+        "assert code == 0 and not heavy, (code, heavy)"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
