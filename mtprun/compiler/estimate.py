@@ -48,6 +48,7 @@ def estimate_head_cost(
     param_bytes: int,
     vocab_tile: int = DEFAULT_VOCAB_TILE,
 ) -> HeadCost:
+    """Cost of one micro batch of `rows` tokens through the head of `plan` (per TP rank)."""
     tp = plan.tp_size
     padded = padded_vocab(vocab, tp)
     shard = padded // tp

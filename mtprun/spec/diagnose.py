@@ -20,6 +20,7 @@ ROOT_ONLY_KEYS = ("extends",)  # read by the loader, never reaches the schema
 
 
 def validation_diagnostics(exc: ValidationError, doc: Document) -> list[Diagnostic]:
+    """One located diagnostic per pydantic error of validating `doc.data` as a Recipe."""
     return [_diagnostic(error, doc) for error in exc.errors(include_url=False)]
 
 

@@ -64,6 +64,7 @@ def display_name(path: os.PathLike[str] | str) -> str:
 
 
 def read_document(path: FilePath) -> Document:
+    """Parse the YAML file at `path`; unreadable files and YAML errors raise RecipeError."""
     name = display_name(path)
     try:
         text = path.read_text(encoding="utf-8")

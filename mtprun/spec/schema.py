@@ -10,6 +10,7 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
 
 def recipe_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a recipe file: the Recipe model plus the loader's `extends` key."""
     schema = Recipe.model_json_schema(mode="validation")
     schema["properties"] = {
         "extends": {
