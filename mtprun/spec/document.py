@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 from typing import Any
@@ -19,6 +20,7 @@ from ruamel.yaml.error import MarkedYAMLError
 from mtprun.spec.errors import Diagnostic, Position, RecipeError
 
 KeyPath = tuple[str | int, ...]
+MAX_VALUES = 100_000  # far beyond any real recipe
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,16 @@ def parse_document(text: str, file: str, *, line: int = 1, col: int = 1) -> Docu
         raise RecipeError([Diagnostic(at, f"YAML syntax error: {problem}")]) from None
     doc = Document(None, {(): Span(None, Position(file, line, col))})
     errors: list[Diagnostic] = []
+    budget = [MAX_VALUES]
 
     def at(line0: int, col0: int) -> Position:
         return Position(file, line + line0, (col if line0 == 0 else 1) + col0)
 
     def convert(node: Any, path: KeyPath) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:  # aliases of aliases can expand exponentially ("billion laughs")
+            message = f"the recipe expands to more than {MAX_VALUES} values (nested YAML aliases?)"
+            raise RecipeError([Diagnostic(doc.position(()), message)])
         tag = getattr(getattr(node, "tag", None), "value", None)
         if isinstance(node, TaggedScalar) or tag is not None:
             errors.append(
@@ -104,7 +111,8 @@ def parse_document(text: str, file: str, *, line: int = 1, col: int = 1) -> Docu
             out = {}
             for key, value in node.items():
                 name = key if isinstance(key, str) else str(key)
-                doc.spans[(*path, name)] = Span(at(*node.lc.key(key)), at(*node.lc.value(key)))
+                key_at, value_at = _entry_position(node, key)
+                doc.spans[(*path, name)] = Span(at(*key_at), at(*value_at))
                 out[name] = convert(value, (*path, name))
             return out
         if isinstance(node, CommentedSeq):
@@ -119,6 +127,21 @@ def parse_document(text: str, file: str, *, line: int = 1, col: int = 1) -> Docu
     if errors:
         raise RecipeError(errors)
     return doc
+
+
+def _entry_position(node: CommentedMap, key: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+    """0-based (line, col) of a mapping entry's key and value; an entry brought in by a merge
+    key (`<<: *base`) is found where the merged mapping wrote it."""
+    for source in _merge_sources(node):
+        if key in source.lc.data:
+            return source.lc.key(key), source.lc.value(key)
+    return (node.lc.line, node.lc.col), (node.lc.line, node.lc.col)
+
+
+def _merge_sources(node: CommentedMap) -> Iterator[CommentedMap]:
+    yield node
+    for merged in getattr(node, "merge", ()):
+        yield from _merge_sources(merged)
 
 
 def _plain_scalar(value: Any) -> Any:

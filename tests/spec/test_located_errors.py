@@ -164,3 +164,22 @@ def test_run_name_must_be_a_folder_name(write_recipe, located, base_recipe) -> N
     assert located(path) == [
         f"{path}:1:7: name: 'my run/1' is not a run name: use letters, digits, '.', '_', '-'"
     ]
+
+
+def test_merge_keys_point_at_the_merged_mapping(write_recipe, located, base_recipe) -> None:
+    extra = "losses:\n  - &ce {kind: ce, weight: -1}\n  - {<<: *ce, kind: z_loss}\n"
+    path = write_recipe(base_recipe + extra)
+    message = "input should be greater than or equal to 0 (got -1)"
+    assert located(path) == [
+        f"{path}:11:28: losses.0.weight: {message}",
+        f"{path}:11:28: losses.1.weight: {message}",
+    ]
+
+
+def test_alias_bombs_are_refused(write_recipe, located) -> None:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 7)]
+    path = write_recipe("\n".join(levels) + "\n")
+    assert located(path) == [
+        f"{path}:1:1: the recipe expands to more than 100000 values (nested YAML aliases?)"
+    ]
