@@ -33,12 +33,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--head",
         nargs=2,
-        type=int,
+        type=_positive_int,
         metavar=("HIDDEN", "VOCAB"),
         help="Output-layer shape for the estimate when the model folder is not at hand "
         "(e.g. --head 3584 152064 for Qwen2.5-7B).",
     )
     parser.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def run(args: argparse.Namespace) -> int:

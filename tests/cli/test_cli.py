@@ -179,3 +179,10 @@ def test_validate_never_imports_torch() -> None:
         "assert code == 0 and not heavy, (code, heavy)"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def test_plan_head_shape_must_be_positive(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", str(REPO / "recipes" / "megatron-tp2.yaml"), "--head", "0", "1000"])
+    assert exit_info.value.code == 2
+    assert "expected a positive integer, got '0'" in capsys.readouterr().err
