@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+from mtprun.cli.diagnostics import EXIT_INVALID
 from mtprun.spec.schema import recipe_json_schema
 
 
@@ -24,6 +26,10 @@ def run(args: argparse.Namespace) -> int:
     text = json.dumps(recipe_json_schema(), indent=2) + "\n"
     if args.output is None:
         print(text, end="")
-    else:
+        return 0
+    try:
         args.output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        print(f"mtprun schema: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+        return EXIT_INVALID
     return 0

@@ -186,3 +186,9 @@ def test_plan_head_shape_must_be_positive(capsys) -> None:
         main(["plan", str(REPO / "recipes" / "megatron-tp2.yaml"), "--head", "0", "1000"])
     assert exit_info.value.code == 2
     assert "expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_schema_to_an_unwritable_place(tmp_path: Path, capsys) -> None:
+    target = tmp_path / "missing-folder" / "schema.json"
+    assert main(["schema", "-o", str(target)]) == 2
+    assert f"cannot write {target}: No such file or directory" in capsys.readouterr().err
