@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from mtprun.data.tasks import REWARDS, TASKS
 from mtprun.data.templates import CHAT_FORMATS
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
@@ -13,6 +14,7 @@ TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1
 SFT = TINY + "data: {source: arithmetic}\n"  # 7 lines
 RL = TINY + "task: {name: arithmetic, reward: arithmetic}\nlosses: [{kind: grpo}]\n"  # 8 lines
 MIMO = TINY + "    architecture: mimo\n    mtp_layers: 1\ndata: {source: arithmetic}\n"  # 9 lines
+BUILT_IN = ", ".join(TASKS)  # the data package's registries, whatever they hold
 CPU_DIMS = ", ".join(map(str, VLLM_CPU_HEAD_DIMS))
 
 CASES = {
@@ -134,11 +136,11 @@ CASES = {
         + "task: {name: arithmetc, reward: nope}\nlosses: [{kind: grpo}]\n"
         + "warmstart: {data: {source: calculator}, steps: 1, lr: 0.1}\n",
         [
-            "7:14: unknown built-in task 'arithmetc' (did you mean 'arithmetic'?); built-in: "
-            "arithmetic, calculator_tool; or give a .jsonl file",
-            "7:33: unknown reward 'nope'; registered: arithmetic, calculator_tool, exact_answer",
-            "9:28: unknown built-in task 'calculator' (did you mean 'calculator_tool'?); "
-            "built-in: arithmetic, calculator_tool; or give a .jsonl file",
+            f"7:14: unknown built-in task 'arithmetc' (did you mean 'arithmetic'?); built-in: "
+            f"{BUILT_IN}; or give a .jsonl file",
+            f"7:33: unknown reward 'nope'; registered: {', '.join(REWARDS)}",
+            f"9:28: unknown built-in task 'calculator' (did you mean 'calculator_tool'?); "
+            f"built-in: {BUILT_IN}; or give a .jsonl file",
         ],
     ),
 }
