@@ -146,9 +146,7 @@ def _with_fresh_grads(loss_fn: Callable[[], torch.Tensor], inputs: dict) -> Call
 # ---- peers ---------------------------------------------------------------------------------
 
 
-def mtprun_step(
-    workload: str, inputs: dict, chunk_bytes: int | None, overlap: bool = True
-) -> Callable[[], None]:
+def mtprun_step(workload: str, inputs: dict, chunk_bytes: int | None) -> Callable[[], None]:
     plan = HeadPlan.from_losses(PLANS[workload])
     kwargs = {k: inputs[k] for k in inputs if k not in ("hidden", "weight")}
     if chunk_bytes is not None:
@@ -160,7 +158,6 @@ def mtprun_step(
                 inputs["weight"],
                 plan,
                 chunk_bytes=chunk_bytes,
-                overlap=overlap,
                 **kwargs,
             ).loss
 
@@ -274,9 +271,7 @@ def cce_step(workload: str, inputs: dict) -> Callable[[], None]:
     return _with_fresh_grads(loss, inputs)
 
 
-def make_peers(
-    chunk_mib: list[int], serial: bool
-) -> dict[str, Callable[[str, dict], Callable[[], None]]]:
+def make_peers(chunk_mib: list[int]) -> dict[str, Callable[[str, dict], Callable[[], None]]]:
     peers: dict[str, Callable[[str, dict], Callable[[], None]]] = {
         "torch": lambda w, i: torch_step(w, i, filtered=False),
         "torch-filtered": lambda w, i: torch_step(w, i, filtered=True),
@@ -287,10 +282,6 @@ def make_peers(
         peers["mtprun"] = lambda w, i: mtprun_step(w, i, None)
     for mib in chunk_mib:
         peers[f"mtprun@{mib}MiB"] = lambda w, i, mib=mib: mtprun_step(w, i, mib << 20)
-        if serial:
-            peers[f"mtprun@{mib}MiB-serial"] = lambda w, i, mib=mib: mtprun_step(
-                w, i, mib << 20, overlap=False
-            )
     return peers
 
 
@@ -301,13 +292,61 @@ def run_cell(peer: Callable[[], None], reps: int, warmup: int) -> tuple[float, f
 
 def kernel_table(step: Callable[[], None]) -> str:
     """CUDA time per kernel over one step (where the time goes)."""
-    activities = [torch.profiler.ProfilerActivity.CUDA]
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         step()
         torch.cuda.synchronize()
-    return prof.key_averages().table(
-        sort_by="cuda_time_total", row_limit=10, max_name_column_width=60
+    events = prof.key_averages()
+    return "\n".join(
+        events.table(sort_by=key, row_limit=12, max_name_column_width=60)
+        for key in ("cuda_time_total", "cpu_time_total")
     )
+
+
+def gemm_sweep(h: int, v: int) -> None:
+    """TFLOP/s of the three per-chunk GEMMs at several chunk heights (chooses the chunk)."""
+    weight = torch.randn(v, h, device="cuda", dtype=torch.bfloat16)
+    grad_w = torch.randn(v, h, device="cuda", dtype=torch.bfloat16)
+    print("| rows | logits | grad_h | grad_W += | grad_W^T += |\n|---|---|---|---|---|")
+    for rows in (1024, 2048, 2560, 3072, 4096):
+        rates = _chunk_gemm_rates(rows, weight, grad_w)
+        print(f"| {rows} | " + " | ".join(f"{r:.0f}" for r in rates) + " |", flush=True)
+
+
+def _chunk_gemm_rates(rows: int, weight: torch.Tensor, grad_w: torch.Tensor) -> list[float]:
+    v, h = weight.shape
+    x = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    dz = torch.randn(rows, v, device="cuda", dtype=torch.bfloat16)
+    grad_wt = torch.randn(h, v, device="cuda", dtype=torch.bfloat16)
+    cases = (
+        lambda: torch.mm(x, weight.t(), out=dz),
+        lambda: torch.mm(dz, weight),
+        lambda: grad_w.addmm_(dz.t(), x),
+        lambda: grad_wt.addmm_(x.t(), dz),
+    )
+    return [2 * rows * h * v / 1e9 / timed_ms(case, reps=10, warmup=3) for case in cases]
+
+
+def kernel_sweep(h: int, v: int, rows: int = 2560) -> None:
+    """Bandwidth of the sft row kernel (3 passes) over tile widths and warps."""
+    from mtprun.kernels.inputs import row_groups, validate
+    from mtprun.kernels.triton import groups, launch
+
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    hidden = torch.randn(rows, h, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * h**-0.5
+    targets = torch.randint(0, v, (rows,), device="cuda")
+    mask = torch.ones(rows, dtype=torch.bool, device="cuda")
+    inputs = validate(plan, hidden, weight, targets=targets, loss_mask=mask)
+    group = groups.build(row_groups(plan, inputs)[0], inputs, argmax=False)
+    logits = hidden @ weight.t()
+    gbytes = 3 * logits.numel() * logits.element_size() / 1e9
+    print("| BLOCK_V | warps | ms | TB/s |\n|---|---|---|---|")
+    for block in (2048, 4096, 8192):
+        for warps in (4, 8, 16):
+            launch.MAX_BLOCK_V, launch.NUM_WARPS = block, warps
+            ms = timed_ms(lambda: launch.run_rows(logits, group, 0, rows, vocab_offset=0), 10, 2)
+            print(f"| {block} | {warps} | {ms:.3f} | {gbytes / ms:.2f} |", flush=True)
 
 
 def main() -> None:
@@ -322,10 +361,10 @@ def main() -> None:
         "--chunk-mib", nargs="*", type=int, default=[], help="mtprun chunk budgets to compare"
     )
     parser.add_argument(
-        "--serial", action="store_true", help="also run each budget without stream overlap"
+        "--profile", action="store_true", help="print mtprun's CUDA kernel times per cell"
     )
     parser.add_argument(
-        "--profile", action="store_true", help="print mtprun's CUDA kernel times per cell"
+        "--sweeps", action="store_true", help="GEMM rates per chunk height, row-kernel tiles"
     )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -341,7 +380,10 @@ def main() -> None:
         f"copy {ceilings['copy_tb_s']:.2f} TB/s",
         flush=True,
     )
-    peers = make_peers(args.chunk_mib, args.serial)
+    if args.sweeps:
+        gemm_sweep(args.h, args.v)
+        kernel_sweep(args.h, args.v)
+    peers = make_peers(args.chunk_mib)
     selected = args.peers or list(peers)
     cells: list[Cell] = []
     for workload in args.workloads:

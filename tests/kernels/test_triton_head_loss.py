@@ -104,3 +104,68 @@ def test_missing_advantages_is_rejected_with_the_argument_name() -> None:
             targets=batch["targets"],
             loss_mask=batch["loss_mask"],
         )
+
+
+TP_PLAN = [
+    {"kind": "ce"},
+    {"kind": "z_loss", "weight": 1e-2},
+    {"kind": "grpo", "kl_coef": 0.1},
+    {"kind": "mtp", "depth": 1, "target": "soft"},
+]
+
+
+def _tp_rank(rank: int, init_file: str, batch: dict, results) -> None:
+    """One rank of a 2-way vocab-parallel run (spawned; gloo on CPU)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        plan = HeadPlan.from_losses(TP_PLAN, tp_size=2)
+        shard = batch["weight"].shape[0] // 2
+        batch = dict(
+            batch,
+            hidden=batch["hidden"].requires_grad_(),
+            weight=batch["weight"][rank * shard : (rank + 1) * shard].requires_grad_(),
+            mtp_hidden=[h.requires_grad_() for h in batch["mtp_hidden"]],
+        )
+        out, grads = run(head_loss_triton, plan, batch, tp_group=dist.group.WORLD)
+        metrics = {k: float(v) for k, v in out.metrics.items()}
+        # numpy arrays travel by value (tensors would be shared memory of an exited process)
+        arrays = [t.numpy() for t in (out.logprobs, *grads)]
+        results.put((rank, float(out.loss.detach()), metrics, arrays))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_vocab_parallel_matches_one_process(tmp_path) -> None:
+    import torch.multiprocessing as mp
+
+    batch = make_batch(21, 0.7, n=24, h=16, v=256)
+    single, single_grads = run(head_loss_triton, HeadPlan.from_losses(TP_PLAN), batch)
+    shared = {
+        k: [t.detach() for t in v] if isinstance(v, list) else v.detach() for k, v in batch.items()
+    }
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    ranks = [
+        context.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), shared, results))
+        for r in range(2)
+    ]
+    for process in ranks:
+        process.start()
+    outputs = sorted(results.get(timeout=240) for _ in ranks)
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    for rank, loss, metrics, arrays in outputs:
+        logprobs, *grads = (torch.from_numpy(a) for a in arrays)
+        assert loss == pytest.approx(float(single.loss.detach()), rel=1e-5)
+        for name, value in metrics.items():
+            assert value == pytest.approx(float(single.metrics[name]), rel=1e-5, abs=1e-6), name
+        torch.testing.assert_close(logprobs, single.logprobs, rtol=1e-5, atol=1e-5)
+        hidden_grad, weight_grad, mtp_grad = grads
+        torch.testing.assert_close(hidden_grad, single_grads[0], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(mtp_grad, single_grads[2], rtol=1e-4, atol=1e-6)
+        shard = weight_grad.shape[0]
+        expected = single_grads[1][rank * shard : (rank + 1) * shard]
+        torch.testing.assert_close(weight_grad, expected, rtol=1e-4, atol=1e-6)

@@ -24,7 +24,7 @@ from mtprun.kernels.triton.launch import run_rows
 from mtprun.kernels.triton.tensor_parallel import all_reduce_
 
 DEFAULT_CHUNK_BYTES = 768 << 20
-_ROW_MULTIPLE = 128  # keeps the GEMM tiles full
+_ROW_MULTIPLE = 256  # cuBLAS picks its fastest kernels for such heights (bench --sweeps)
 
 
 @dataclass
@@ -35,12 +35,18 @@ class Grads:
     weight: torch.Tensor | None
 
 
-def chunk_rows(vocab_local: int, itemsize: int, buffers: int, chunk_bytes: int) -> int:
-    """Rows per chunk so that `buffers` logits buffers fit in `chunk_bytes`."""
-    rows = chunk_bytes // (vocab_local * itemsize * buffers)
-    if rows >= _ROW_MULTIPLE:
-        return rows // _ROW_MULTIPLE * _ROW_MULTIPLE
-    return max(rows, 1)
+def chunk_rows(
+    num_rows: int, vocab_local: int, itemsize: int, buffers: int, chunk_bytes: int
+) -> int:
+    """Rows per chunk: `buffers` logits buffers fit in `chunk_bytes`, and the chunks are
+    about equal (a small last chunk runs its GEMMs at a poor rate)."""
+    most = chunk_bytes // (vocab_local * itemsize * buffers)
+    if most < _ROW_MULTIPLE:
+        return max(min(most, num_rows), 1)
+    most = most // _ROW_MULTIPLE * _ROW_MULTIPLE
+    chunks = -(-num_rows // most)
+    balanced = -(-num_rows // max(chunks, 1))
+    return max(1, min(num_rows, most, -(-balanced // _ROW_MULTIPLE) * _ROW_MULTIPLE))
 
 
 @dataclass
@@ -51,7 +57,6 @@ class _Chunk:
     stop: int
     drafts: list[tuple[int, int]]
     buffers: list[torch.Tensor]
-    rows_done: torch.cuda.Event | None = None
 
 
 def run_chunks(
@@ -66,26 +71,18 @@ def run_chunks(
     need_grads: list[bool],
     need_weight_grad: bool,
     chunk_bytes: int,
-    overlap: bool,
     tp_group: dist.ProcessGroup | None,
 ) -> Grads:
     """Values, statistics (written into the groups) and gradients of every group.
 
     teacher_positions[i]: for draft group i, the position of each row's teacher among the
-    policy rows (sorted ascending, as draft rows are). With `overlap` (CUDA only), the
-    memory-bound row kernels of chunk i run on a side stream under the GEMMs of chunk i+1,
-    with two buffer sets in the same `chunk_bytes`.
+    policy rows (sorted ascending, as draft rows are).
     """
     vocab_local = weight.shape[0]
     groups = [policy, *drafts]
     n_buffers = len(groups) + (teacher_hidden is not None)
-    overlap = overlap and weight.is_cuda and tp_group is None
-    n_sets = 2 if overlap else 1
-    rows = chunk_rows(vocab_local, weight.element_size(), n_buffers * n_sets, chunk_bytes)
-    rows = min(rows, max(policy.num_rows, 1))
-    buffer_sets = [[weight.new_empty(rows, vocab_local) for _ in range(n_buffers)]]
-    if overlap and policy.num_rows > rows:
-        buffer_sets.append([weight.new_empty(rows, vocab_local) for _ in range(n_buffers)])
+    rows = chunk_rows(policy.num_rows, vocab_local, weight.element_size(), n_buffers, chunk_bytes)
+    buffers = [weight.new_empty(rows, vocab_local) for _ in range(n_buffers)]
     bounds = [*range(0, policy.num_rows, rows), policy.num_rows]
     draft_bounds = [
         torch.searchsorted(pos, torch.tensor(bounds, device=pos.device)).tolist()
@@ -149,33 +146,16 @@ def run_chunks(
     def chunk(i: int) -> _Chunk:
         start, stop = bounds[i], bounds[i + 1]
         spans = [(b[i], b[i + 1]) for b in draft_bounds]
-        views = buffer_sets[i % len(buffer_sets)]
         sizes = [stop - start, *(b - a for a, b in spans)]
         if teacher_hidden is not None:
             sizes.append(stop - start)
-        return _Chunk(start, stop, spans, [v[:n] for v, n in zip(views, sizes, strict=True)])
+        return _Chunk(start, stop, spans, [b[:n] for b, n in zip(buffers, sizes, strict=True)])
 
-    main = torch.cuda.current_stream() if overlap else None
-    side = torch.cuda.Stream() if overlap else None
-    pending: _Chunk | None = None
     for i in range(len(bounds) - 1):
         c = chunk(i)
         logits_phase(c)
-        if not overlap:
-            rows_phase(c)
-            grads_phase(c)
-            continue
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            rows_phase(c)
-        c.rows_done = side.record_event()
-        if pending is not None:
-            main.wait_event(pending.rows_done)
-            grads_phase(pending)
-        pending = c
-    if pending is not None:
-        main.wait_event(pending.rows_done)
-        grads_phase(pending)
+        rows_phase(c)
+        grads_phase(c)
 
     if need_weight_grad and grads.weight is None:
         grads.weight = torch.zeros_like(weight)

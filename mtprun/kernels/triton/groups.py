@@ -31,6 +31,7 @@ class TermFlags:
     teacher: bool = False
     plain: bool = False
     topk: int = 0
+    argmax: bool = False
     clip_low: float = 0.0
     clip_high: float = 0.0
     kl_coef: float = 0.0
@@ -58,13 +59,14 @@ class KernelGroup:
         return self.targets.shape[0]
 
 
-def build(group: RowGroup, inputs: HeadInputs) -> KernelGroup:
+def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
+    """`argmax`: track each row's argmax (the MTP top-1 agreement needs it)."""
     rows = group.rows
     n_rows = rows.shape[0]
     device = inputs.hidden.device
     weights = torch.zeros(n_rows, k.NUM_WEIGHTS, dtype=torch.float32, device=device)
     agg: dict[str, torch.Tensor] = {}
-    flags: dict[str, object] = {}
+    flags: dict[str, object] = {"argmax": argmax}
     for term in group.terms:
         term_agg = aggregation_weights(term.loss_agg, group, inputs.cu_seqlens)
         scaled = term_agg * (term.weight * group.head_scale)

@@ -32,13 +32,11 @@ def head_loss_triton(
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    overlap: bool = True,
 ) -> HeadLossOutput:
     """Every term of `plan` in one pass over the vocabulary, with Triton per-row kernels.
 
     Arguments as `mtprun.kernels.head_loss`. `chunk_bytes` bounds the logits buffers (the
-    extra memory beyond the inputs and gradients); `overlap` runs each chunk's row kernel
-    on a side stream under the next chunk's GEMMs. Gradients are computed in the forward
+    extra memory beyond the inputs and gradients). Gradients are computed in the forward
     pass when any input requires them.
     """
     tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
@@ -69,7 +67,9 @@ def head_loss_triton(
     need_grads = [torch.is_grad_enabled() and s.requires_grad for s in students]
     need_weight_grad = torch.is_grad_enabled() and weight.requires_grad
     with torch.no_grad():
-        groups = [kg.build(group, _detached(inputs)) for group in row_groups(plan, inputs)]
+        detached = _detached(inputs)
+        argmax = bool(plan.mtp_depths)
+        groups = [kg.build(g, detached, argmax=argmax) for g in row_groups(plan, inputs)]
         policy, drafts = groups[0], groups[1:]
         teacher_positions = [_teacher_positions(policy, d) for d in drafts]
         distill_teacher = inputs.teacher_hidden
@@ -86,7 +86,6 @@ def head_loss_triton(
             need_grads=need_grads,
             need_weight_grad=need_weight_grad,
             chunk_bytes=chunk_bytes,
-            overlap=overlap,
             tp_group=tp_group,
         )
         loss = sum((_group_loss(g) for g in groups), torch.zeros((), device=hidden.device))

@@ -10,7 +10,10 @@ from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.groups import KernelGroup
 from mtprun.kernels.triton.tensor_parallel import exchange_stats
 
-MAX_BLOCK_V = 4096
+# Measured on an H100 (bench --sweeps): 8192-wide tiles with 8 warps read/write the logits
+# at 2.5 TB/s in the three passes, 4096/8 at 2.2 TB/s.
+MAX_BLOCK_V = 8192
+NUM_WARPS = 8
 
 
 def run_rows(
@@ -65,8 +68,9 @@ def run_rows(
         HAS_ENTROPY_BONUS=flags.entropy_bonus,
         HAS_TEACHER=flags.teacher,
         HAS_PLAIN=flags.plain,
+        ARGMAX=flags.argmax,
         BLOCK_V=block,
-        num_warps=8 if block >= 2048 else 4,
+        num_warps=NUM_WARPS if block >= 2048 else 4,
     )
     grid = (n_rows,)
     if tp_group is None:

@@ -57,11 +57,12 @@ NUM_WEIGHTS = len(WEIGHT_COLUMNS)
 
 
 @triton.jit
-def _online_tile(z, valid, start, m, s, sum_ez, best_val, best_idx):
+def _online_tile(z, valid, start, m, s, sum_ez, best_val, best_idx, ARGMAX: tl.constexpr):
     """Fold one tile into running max, sum exp, sum exp*z and argmax (first occurrence)."""
     tile_max = tl.max(z, 0)
-    best_idx = tl.where(tile_max > best_val, start + tl.argmax(z, 0), best_idx)
-    best_val = tl.maximum(best_val, tile_max)
+    if ARGMAX:
+        best_idx = tl.where(tile_max > best_val, start + tl.argmax(z, 0), best_idx)
+        best_val = tl.maximum(best_val, tile_max)
     m_new = tl.maximum(m, tile_max)
     alpha = tl.exp(m - m_new)
     e = tl.where(valid, tl.exp(z - m_new), 0.0)
@@ -110,6 +111,7 @@ def head_rows_kernel(
     HAS_ENTROPY_BONUS: tl.constexpr,
     HAS_TEACHER: tl.constexpr,
     HAS_PLAIN: tl.constexpr,
+    ARGMAX: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """One row: statistics, then every term's value and coefficients, then dz in place.
@@ -117,7 +119,7 @@ def head_rows_kernel(
     KL_ESTIMATOR: 0 = no reference log-probs, 1/2/3 = k1/k2/k3. HAS_TEACHER: a soft-CE to
     the softmax of teacher_ptr[teacher_rows[row]] * inv_temperature (distillation, MTP soft).
     HAS_PLAIN: adds w p to dz and nothing to the values (the MTP top-k target, whose sparse
-    -w q the caller subtracts).
+    -w q the caller subtracts). ARGMAX: track the row's argmax (MTP top-1 agreement).
     """
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
@@ -152,7 +154,7 @@ def head_rows_kernel(
             valid = cols < vocab_local
             z = tl.load(row_ptr + cols, mask=valid, other=-float("inf")).to(tl.float32)
             m, s, sum_ez, best_val, best_idx = _online_tile(
-                z, valid, start, m, s, sum_ez, best_val, best_idx
+                z, valid, start, m, s, sum_ez, best_val, best_idx, ARGMAX
             )
             if HAS_TEACHER:
                 zt = tl.load(teacher_row_ptr + cols, mask=valid, other=-float("inf"))
