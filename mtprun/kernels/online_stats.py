@@ -31,11 +31,10 @@ class StatsSpec:
     @classmethod
     def of(cls, group: RowGroup) -> StatsSpec:
         wanted = set().union(*(needs(t) for t in group.terms))
-        topk = next((t.topk for t in group.terms if t.kind == "mtp" and t.target == "topk"), 0)
         return cls(
             teacher=group.teacher is not None and group.teacher_rows is not None,
             teacher_dense=bool(wanted & {Stat.TEACHER_LSE, Stat.TEACHER_CROSS}),
-            topk=topk or 0,
+            topk=next((t.topk for t in group.terms if t.kind == "mtp" and t.topk), 0),
         )
 
 
