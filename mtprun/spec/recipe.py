@@ -14,6 +14,7 @@ from mtprun.spec.model import ModelSection
 from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.resources import ResourcesSection
 from mtprun.spec.rollout import RolloutSection
+from mtprun.spec.rules import check_rules
 from mtprun.spec.tracking import TrackingSection
 from mtprun.spec.trainer import TrainerSection
 
@@ -83,8 +84,6 @@ class Recipe(Section):
     def _cross_field_rules(self, info: ValidationInfo) -> Recipe:
         if info.context and info.context.get(SKIP_RULES):
             return self
-        from mtprun.spec.rules import check_rules
-
         errors = [i for i in check_rules(self) if i.severity == "error"]
         if errors:
             raise ValueError("; ".join(f"{i.dotted_path}: {i.message}" for i in errors))
