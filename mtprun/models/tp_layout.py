@@ -62,13 +62,12 @@ def shard_state_dict(full: Mapping[str, torch.Tensor], rank: int, tp: int) -> di
 def gather_state_dict(
     local: Mapping[str, torch.Tensor], tp: int, group: torch.distributed.ProcessGroup | None
 ) -> dict:
-    """Every rank's shards all-gathered over `group` and unsharded to full tensors."""
-    if tp == 1:
-        return {name: t.detach() for name, t in local.items()}
+    """Every rank's shards all-gathered over `group` and unsharded to full tensors (copies,
+    never views of the live parameters)."""
     full = {}
     for name, t in local.items():
-        if split_of(name) == "replicated":
-            full[name] = t.detach()
+        if tp == 1 or split_of(name) == "replicated":
+            full[name] = t.detach().clone()
             continue
         parts = [torch.empty_like(t) for _ in range(tp)]
         torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)

@@ -10,6 +10,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from mtprun.models.tp_layout import split_of
 from mtprun.spec.trainer import TrainerSection
 
 
@@ -47,30 +48,33 @@ def build_scheduler(
 
 
 def global_grad_norm(
-    params: list[torch.nn.Parameter], tp_group: dist.ProcessGroup | None
+    named_params: list[tuple[str, torch.nn.Parameter]], tp_group: dist.ProcessGroup | None
 ) -> torch.Tensor:
     """L2 norm of all gradients of the full (unsharded) model: squares of tensor-parallel
     shards are summed over the TP group, replicated tensors are counted once."""
     sharded = torch.zeros((), dtype=torch.float64)
     replicated = torch.zeros((), dtype=torch.float64)
-    for p in params:
+    for name, p in named_params:
         if p.grad is None:
             continue
         square = p.grad.detach().double().pow(2).sum().cpu()
-        if getattr(p, "tensor_model_parallel", False):
-            sharded += square
-        else:
+        if split_of(name) == "replicated":
             replicated += square
+        else:
+            sharded += square
     if tp_group is not None and dist.get_world_size(tp_group) > 1:
         dist.all_reduce(sharded, group=tp_group)
     return (sharded + replicated).sqrt()
 
 
 def clip_grads(
-    params: list[torch.nn.Parameter], max_norm: float | None, tp_group: dist.ProcessGroup | None
+    named_params: list[tuple[str, torch.nn.Parameter]],
+    max_norm: float | None,
+    tp_group: dist.ProcessGroup | None,
 ) -> float:
     """Clip to max_norm (None: measure only); returns the norm before clipping."""
-    norm = global_grad_norm(params, tp_group)
+    norm = global_grad_norm(named_params, tp_group)
     if max_norm is not None:
+        params = [p for _, p in named_params]
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.float())
     return float(norm)

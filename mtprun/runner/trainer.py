@@ -52,6 +52,10 @@ class Trainer:
                 f"the HeadPlan was compiled for tp_size={plan.tp_size} but parallel.tp="
                 f"{self.tp_size}; compile it from the same recipe"
             )
+        if plan.term("distill") is not None:
+            raise NotImplementedError(
+                "losses: the trainer has no teacher model yet, so a `distill` term cannot run"
+            )
         self.dims = ModelDims.from_model_dir(model_dir)
         if max(plan.mtp_depths, default=0) > self.dims.mtp_layers:
             raise ValueError(
@@ -95,7 +99,7 @@ class Trainer:
             for name, value in out.metrics.items():
                 sums[name] += share * float(value)
         self._average_data_parallel_grads()
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         grad_norm = clip_grads(params, self.recipe.trainer.grad_clip, self.tp_group)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
@@ -128,7 +132,8 @@ class Trainer:
         return megatron_to_hf(gather_state_dict(local, self.tp_size, self.tp_group), self.dims)
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's model shards, optimizer, scheduler and step (for checkpoints)."""
+        """This process's model shards, optimizer, scheduler and step (for checkpoints).
+        Like torch's state_dict it references live tensors: save or copy it before stepping."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),

@@ -47,14 +47,14 @@ def tiny_mimo_dir(tmp_path_factory, tokenizer) -> Path:
     return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("mimo"), seed=0)
 
 
-def make_recipe(model_dir: Path, **sections: Any) -> Recipe:
-    """An SFT recipe on `model_dir`; keyword arguments replace whole sections."""
-    data = {
-        "name": "test",
-        "model": {"path": str(model_dir)},
-        "data": {"source": "arithmetic", "template": TEMPLATE},
-        **sections,
-    }
+def make_recipe(model_dir: Path, rl: bool = False, **sections: Any) -> Recipe:
+    """An SFT recipe (rl: a GRPO recipe on the arithmetic task) on `model_dir`; keyword
+    arguments replace whole sections."""
+    if rl:
+        source = {"task": {"name": "arithmetic", "reward": "arithmetic", "template": TEMPLATE}}
+    else:
+        source = {"data": {"source": "arithmetic", "template": TEMPLATE}}
+    data = {"name": "test", "model": {"path": str(model_dir)}, **source, **sections}
     return Recipe.model_validate(data)
 
 

@@ -1,0 +1,226 @@
+"""The Megatron-core trainer against float64 transformers references, TP=2 against TP=1,
+checkpoints, schedules and errors."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
+
+from mtprun.compiler import HeadPlan, compile_recipe
+from mtprun.runner.optim import lr_factor
+from mtprun.runner.trainer import Trainer
+from mtprun.spec.trainer import TrainerSection
+
+from .conftest import free_port, make_recipe, random_packed_batch
+
+SGD = {"optimizer": "sgd", "lr": 1.0, "grad_clip": None}
+
+
+def _batches(vocab, seed, rl=False):
+    return [
+        random_packed_batch(vocab, [9, 14, 6], seed=seed, rl=rl),
+        random_packed_batch(vocab, [20, 4], seed=seed + 1, rl=rl),
+    ]
+
+
+def _hf_float64(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
+
+
+def _reference_ce_z(model, batches, z_weight):
+    """Token-mean CE + z_weight * lse^2 over all micro batches, float64, sequences unpacked."""
+    ce, z, count = 0.0, 0.0, 0
+    for b in batches:
+        lengths = (b.cu_seqlens[1:] - b.cu_seqlens[:-1]).tolist()
+        logits = torch.cat([model(s[None]).logits[0] for s in b.input_ids.split(lengths)])
+        lse = logits.logsumexp(-1)
+        token_ce = lse - logits.gather(-1, b.targets[:, None])[:, 0]
+        ce = ce + token_ce[b.loss_mask].sum()
+        z = z + lse[b.loss_mask].pow(2).sum()
+        count += int(b.loss_mask.sum())
+    return ce / count, z / count
+
+
+def test_sgd_step_matches_float64_transformers_loss_and_gradients(megatron_tp1, tiny_qwen2_dir):
+    losses = [{"kind": "ce"}, {"kind": "z_loss", "weight": 1e-2}]
+    recipe = make_recipe(tiny_qwen2_dir, losses=losses, trainer=SGD)
+    trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
+    before = trainer.hf_state_dict()
+    batches = _batches(trainer.dims.vocab, seed=0)
+
+    metrics = trainer.train_step(batches)
+
+    reference = _hf_float64(tiny_qwen2_dir)
+    ce, z = _reference_ce_z(reference, batches, 1e-2)
+    (ce + 1e-2 * z).backward()
+    assert metrics["ce"] == pytest.approx(float(ce), rel=1e-5)
+    assert metrics["z_loss"] == pytest.approx(float(z), rel=1e-5)
+    assert metrics["loss"] == pytest.approx(float(ce + 1e-2 * z), rel=1e-5)
+    assert metrics["tokens"] == sum(b.num_tokens for b in batches)
+    assert metrics["trained_tokens"] == sum(int(b.loss_mask.sum()) for b in batches)
+    assert {"entropy", "grad_norm", "lr"} <= metrics.keys()
+    # SGD with lr 1 and no clipping: the update is minus the gradient.
+    after = trainer.hf_state_dict()
+    grads = {n: p.grad for n, p in reference.named_parameters()}
+    squares = 0.0
+    for name, old in before.items():
+        grad = grads[name].float()
+        torch.testing.assert_close(old - after[name], grad, rtol=1e-3, atol=2e-6)
+        squares += float(grad.double().pow(2).sum())
+    assert metrics["grad_norm"] == pytest.approx(math.sqrt(squares), rel=1e-4)
+
+
+def test_logprobs_match_transformers_under_the_mask(megatron_tp1, tiny_qwen2_dir):
+    recipe = make_recipe(tiny_qwen2_dir)
+    trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
+    batch = random_packed_batch(trainer.dims.vocab, [11, 17], seed=5)
+    got = trainer.logprobs(batch)
+    reference = _hf_float64(tiny_qwen2_dir)
+    with torch.no_grad():
+        logits = torch.cat([reference(s[None]).logits[0] for s in batch.input_ids.split([11, 17])])
+    want = logits.log_softmax(-1).gather(-1, batch.targets[:, None])[:, 0]
+    want = torch.where(batch.loss_mask, want, 0.0).float()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_loss_falls_on_a_repeated_batch(megatron_tp1, tiny_qwen2_dir):
+    recipe = make_recipe(tiny_qwen2_dir, trainer={"lr": 3e-3})
+    trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
+    batches = _batches(trainer.dims.vocab, seed=2)
+    losses = [trainer.train_step(batches)["loss"] for _ in range(6)]
+    assert losses[-1] < losses[0] - 0.5
+    assert trainer.step == 6
+
+
+def test_checkpoint_restores_the_exact_continuation(megatron_tp1, tiny_qwen2_dir):
+    recipe = make_recipe(tiny_qwen2_dir, trainer={"lr": 1e-3, "schedule": "cosine", "steps": 5})
+    plan = compile_recipe(recipe)
+    first = Trainer(recipe, tiny_qwen2_dir, plan, "cpu")
+    batches = _batches(first.dims.vocab, seed=3)
+    first.train_step(batches)
+    state = copy.deepcopy(first.state_dict())  # like torch's, it holds live references
+    continued = first.train_step(batches)
+
+    second = Trainer(recipe, tiny_qwen2_dir, plan, "cpu")
+    second.load_state_dict(state)
+    assert second.step == 1
+    assert second.train_step(batches) == continued
+
+
+def test_mtp_draft_loss_never_reaches_the_trunk(megatron_tp1, tiny_mimo_dir):
+    updates = {}
+    for name, losses in {
+        "ce": [{"kind": "ce"}],
+        "ce+mtp": [{"kind": "ce"}, {"kind": "mtp"}],
+    }.items():
+        recipe = make_recipe(tiny_mimo_dir, losses=losses, trainer=SGD)
+        trainer = Trainer(recipe, tiny_mimo_dir, compile_recipe(recipe), "cpu")
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        metrics = trainer.train_step(_batches(trainer.dims.vocab, seed=4))
+        updates[name] = {n: before[n] - p.detach() for n, p in trainer.model.named_parameters()}
+    assert "mtp/1/loss" in metrics
+    for name, update in updates["ce"].items():
+        if name.startswith(("decoder.", "embedding.")):
+            torch.testing.assert_close(updates["ce+mtp"][name], update, rtol=0, atol=0)
+    moved = updates["ce+mtp"]["mtp_layers.0.input_proj.weight"]
+    assert float(moved.abs().max()) > 0
+    assert float(updates["ce"]["mtp_layers.0.input_proj.weight"].abs().max()) == 0
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cosine = TrainerSection(lr=1.0, warmup_steps=2, steps=6, schedule="cosine")
+    assert [round(lr_factor(cosine, s), 6) for s in range(7)] == [
+        0.5, 1.0, 1.0, round(0.5 * (1 + math.cos(math.pi / 4)), 6), 0.5,
+        round(0.5 * (1 + math.cos(3 * math.pi / 4)), 6), 0.0,
+    ]  # fmt: skip
+    linear = TrainerSection(lr=1.0, steps=4, schedule="linear")
+    assert [lr_factor(linear, s) for s in range(4)] == [1.0, 0.75, 0.5, 0.25]
+
+
+def test_trainer_reports_the_scheduled_lr(megatron_tp1, tiny_qwen2_dir):
+    recipe = make_recipe(tiny_qwen2_dir, trainer={"lr": 1e-3, "warmup_steps": 2, "steps": 4})
+    trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
+    batch = [random_packed_batch(trainer.dims.vocab, [8], seed=6)]
+    assert [trainer.train_step(batch)["lr"] for _ in range(3)] == pytest.approx([5e-4, 1e-3, 1e-3])
+
+
+def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
+    recipe = make_recipe(tiny_qwen2_dir)
+    trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
+    with pytest.raises(ValueError, match="at least one micro batch"):
+        trainer.train_step([])
+    with pytest.raises(ValueError, match="tp_size=2"):
+        Trainer(recipe, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "ce"}], tp_size=2), "cpu")
+    with pytest.raises(ValueError, match="MTP layers"):
+        Trainer(recipe, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "mtp"}]), "cpu")
+    with pytest.raises(NotImplementedError, match="pp: 1"):
+        Trainer(
+            make_recipe(tiny_qwen2_dir, parallel={"pp": 2}), tiny_qwen2_dir, trainer.plan, "cpu"
+        )
+    broken = random_packed_batch(trainer.dims.vocab, [8], seed=7)
+    broken.cu_seqlens = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        trainer.train_step([broken])
+
+
+# --- tensor parallelism: two gloo processes against one --------------------------------
+
+TP_LOSSES = [
+    {"kind": "ce"},
+    {"kind": "grpo", "kl_coef": 0.1},
+    {"kind": "z_loss", "weight": 1e-3},
+    {"kind": "mtp"},
+]
+
+
+def _train_two_steps(model_dir, tp):
+    """Two clipped SGD steps on RL batches in an initialised process; what rank 0 reports.
+    (SGD, not Adam: Adam's normalised update turns float32 noise in near-zero gradients into
+    lr-sized differences that say nothing about tensor parallelism.)"""
+    recipe = make_recipe(
+        model_dir,
+        rl=True,
+        parallel={"tp": tp},
+        losses=TP_LOSSES,
+        trainer={"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1},
+    )
+    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
+    batches = _batches(trainer.dims.vocab, seed=8, rl=True)
+    metrics = [trainer.train_step(batches) for _ in range(2)]
+    return {
+        "metrics": metrics,
+        "logprobs": trainer.logprobs(batches[0]),
+        "state": trainer.hf_state_dict(),
+    }
+
+
+def _tp2_process(rank, port, model_dir, out_path):
+    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.spec.parallel import ParallelSection
+
+    init_parallel(ParallelSection(tp=2), rank, 2, "127.0.0.1", port)
+    result = _train_two_steps(model_dir, tp=2)
+    if rank == 0:
+        torch.save(result, out_path)
+    destroy_parallel()
+
+
+@pytest.mark.slow
+def test_tp2_trains_exactly_like_tp1(megatron_tp1, tiny_mimo_dir, tmp_path):
+    args = (free_port(), tiny_mimo_dir, tmp_path / "tp2.pt")
+    mp.start_processes(_tp2_process, args=args, nprocs=2, start_method="spawn")
+    tp2 = torch.load(tmp_path / "tp2.pt")
+    tp1 = _train_two_steps(tiny_mimo_dir, tp=1)
+    for step1, step2 in zip(tp1["metrics"], tp2["metrics"], strict=True):
+        assert step1.keys() == step2.keys()
+        for name, value in step1.items():
+            assert step2[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    torch.testing.assert_close(tp2["logprobs"], tp1["logprobs"], rtol=1e-5, atol=1e-5)
+    assert tp1["state"].keys() == tp2["state"].keys()
+    for name, tensor in tp1["state"].items():
+        torch.testing.assert_close(tp2["state"][name], tensor, rtol=1e-4, atol=1e-6)
