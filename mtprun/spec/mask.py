@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Tag
 
 Role = Literal["system", "user", "assistant", "tool"]
-ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 MaskName = Literal["sampled", "all"]
 
 
