@@ -106,6 +106,18 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("losses")
+def _runner_supports_the_terms(r: Recipe) -> Iterator[Issue]:
+    # Remove when the trainer loads a teacher model (mtprun/runner/trainer.py refuses it).
+    for i, term in _terms(r):
+        if term.kind == "distill":
+            yield Issue(
+                ("losses", i, "kind"),
+                "`mtprun run` cannot train 'distill' yet: the trainer loads no teacher model "
+                "(the head-loss library, mtprun.head_loss, computes it)",
+            )
+
+
+@rule("losses")
 def _some_weight_positive(r: Recipe) -> Iterator[Issue]:
     terms = [t for _, t in _terms(r)]
     if terms and len(terms) == len(r.losses) and all(t.weight == 0 for t in terms):

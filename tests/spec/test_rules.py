@@ -55,6 +55,13 @@ CASES = {
         SFT + "losses:\n  - {kind: ce, weight: 0}\n  - {kind: entropy}\n",
         ["8:1: every loss term has weight 0 (coef for entropy): nothing trains"],
     ),
+    "distill is not run yet": (
+        SFT + "losses:\n  - kind: ce\n  - {kind: distill, teacher: /t}\n",
+        [
+            "10:12: `mtprun run` cannot train 'distill' yet: the trainer loads no teacher model "
+            "(the head-loss library, mtprun.head_loss, computes it)"
+        ],
+    ),
     "one term per kind": (
         SFT + "losses:\n  - kind: ce\n  - kind: ce\n",
         ["10:11: loss kind 'ce' is already losses.0; one term per kind (merge their weights)"],
