@@ -53,7 +53,7 @@ def head_loss(
     (0-d float32 per name of plan.metrics) and logprobs ([N] float32, 0 where masked).
     CUDA tensors run the Triton kernels (same signature, `chunking` ignored).
     """
-    kwargs = {
+    per_token = {
         "targets": targets,
         "loss_mask": loss_mask,
         "advantages": advantages,
@@ -61,7 +61,6 @@ def head_loss(
         "ref_logprobs": ref_logprobs,
         "mtp_hidden": mtp_hidden,
         "cu_seqlens": cu_seqlens,
-        "tp_group": tp_group,
         "teacher_hidden": teacher_hidden,
         "teacher_weight": teacher_weight,
     }
@@ -69,15 +68,11 @@ def head_loss(
         # Imported here so that CPU-only installs never import triton.
         from mtprun.kernels.triton import head_loss_triton
 
-        return head_loss_triton(hidden, weight, plan, **kwargs)
-    tp_kwargs = {}
-    if tp_group is not None:
-        tp_kwargs = {"tp_rank": dist.get_rank(tp_group), "tp_size": dist.get_world_size(tp_group)}
-    del kwargs["tp_group"]
-    inputs = validate(plan, hidden, weight, **kwargs, **tp_kwargs)
-    engine = TorchHeadEngine(
-        plan, inputs, row_groups(plan, inputs), chunking or Chunking(), tp_group
-    )
+        return head_loss_triton(hidden, weight, plan, **per_token, tp_group=tp_group)
+    tp_rank, tp_size = (0, 1) if tp_group is None else (tp_group.rank(), tp_group.size())
+    inputs = validate(plan, hidden, weight, **per_token, tp_rank=tp_rank, tp_size=tp_size)
+    groups = row_groups(plan, inputs)
+    engine = TorchHeadEngine(plan, inputs, groups, chunking or Chunking(), tp_group)
     loss, logprobs, metrics = FusedHeadLoss.apply(engine, hidden, weight, *inputs.mtp_hidden)
     values = dict(zip(plan.metrics, metrics.unbind(), strict=True))
     return HeadLossOutput(loss=loss, metrics=values, logprobs=logprobs)
