@@ -105,15 +105,25 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("losses")
-def _runner_supports_the_terms(r: Recipe) -> Iterator[Issue]:
-    # Remove when the trainer loads a teacher model (mtprun/runner/trainer.py refuses it).
+@rule("losses", "parallel")
+def _runner_supports_it(r: Recipe) -> Iterator[Issue]:
+    # What `mtprun run`'s trainer refuses today (mtprun/runner/trainer.py); the language keeps
+    # them for the library and larger runners, so these are warnings. Drop each when supported.
     for i, term in _terms(r):
         if term.kind == "distill":
             yield Issue(
                 ("losses", i, "kind"),
-                "`mtprun run` cannot train 'distill' yet: the trainer loads no teacher model "
-                "(the head-loss library, mtprun.head_loss, computes it)",
+                "`mtprun run` cannot train 'distill' yet (the trainer loads no teacher model) "
+                "and stops at start; the mtprun.head_loss library computes it",
+                "warning",
+            )
+    for name in ("pp", "cp"):
+        if getattr(r.parallel, name) > 1:
+            yield Issue(
+                ("parallel", name),
+                f"`mtprun run` splits the trainer with tp and dp only and stops at start with "
+                f"{name} > 1",
+                "warning",
             )
 
 

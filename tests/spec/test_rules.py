@@ -55,11 +55,18 @@ CASES = {
         SFT + "losses:\n  - {kind: ce, weight: 0}\n  - {kind: entropy}\n",
         ["8:1: every loss term has weight 0 (coef for entropy): nothing trains"],
     ),
-    "distill is not run yet": (
+    "distill is not run yet (warning)": (
         SFT + "losses:\n  - kind: ce\n  - {kind: distill, teacher: /t}\n",
         [
-            "10:12: `mtprun run` cannot train 'distill' yet: the trainer loads no teacher model "
-            "(the head-loss library, mtprun.head_loss, computes it)"
+            "10:12: warning: `mtprun run` cannot train 'distill' yet (the trainer loads no "
+            "teacher model) and stops at start; the mtprun.head_loss library computes it"
+        ],
+    ),
+    "pipeline parallel is not run yet (warning)": (
+        SFT + "parallel: {pp: 2}\n",
+        [
+            "8:16: warning: `mtprun run` splits the trainer with tp and dp only and stops at "
+            "start with pp > 1"
         ],
     ),
     "one term per kind": (
@@ -125,6 +132,8 @@ CASES = {
         [
             "7:44: 510 is not divisible by 2*cp = 4 (context parallelism splits each row "
             "into 2*cp chunks)",
+            "8:16: warning: `mtprun run` splits the trainer with tp and dp only and stops at "
+            "start with cp > 1",
         ],
     ),
     "rollout response longer than the model's positions": (
