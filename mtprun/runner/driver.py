@@ -272,8 +272,8 @@ class Driver:
         """On CPU the trainer and the engines take turns, so each may use the node's cores."""
         if self.recipe.resources.gpus_per_actor > 0:
             return None
-        cpus = int(ray.available_resources().get("CPU", 1) + self.recipe.resources.cpus_per_actor)
-        return max(1, min(os.cpu_count() or 1, cpus) // max(1, actors_at_once))
+        cpus = min(os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1)))
+        return max(1, cpus // max(1, actors_at_once))
 
     def _stop_engines(self) -> None:
         for engines in (self.pool, self.trainer):
@@ -307,6 +307,8 @@ class Driver:
             episodes, stage.recipe.mask, stage.recipe.trainer.micro_batch_tokens
         )
         metrics = episodes.metrics(rollout_s)
+        if self.recipe.rollout.speculative is not None:
+            metrics.update(self.pool.spec_decode_step())
         tick = time.perf_counter()
         if stage.plan.term("grpo").kl_coef > 0:
             for batch, ref in zip(

@@ -26,6 +26,7 @@ class RolloutPool:
         self.max_retries = max_retries
         self.restarts = 0
         self._weights: Any = None  # ObjectRef of the newest policy weights, for restarted engines
+        self._spec_seen: dict[str, float] = {}
         self.pids = ray.get([a.pid.remote() for a in actors])
 
     def generate(
@@ -88,6 +89,19 @@ class RolloutPool:
             for key, value in counters.items():
                 totals[key] = totals.get(key, 0.0) + value
         return totals
+
+    def spec_decode_step(self) -> dict[str, float]:
+        """Speculative-decoding acceptance since the previous call (the engines count up)."""
+        now = self.spec_decode_counters()
+        delta = {k: v - self._spec_seen.get(k, 0.0) for k, v in now.items()}
+        self._spec_seen = now
+        drafted = delta.get("num_draft_tokens", 0.0)
+        if drafted <= 0:  # nothing drafted, or an engine restarted and its counters reset
+            return {}
+        return {
+            "rollout/spec_accept_rate": delta.get("num_accepted_tokens", 0.0) / drafted,
+            "rollout/spec_drafts": delta.get("num_drafts", 0.0),
+        }
 
     def shutdown(self) -> None:
         stop_actors(self.actors)

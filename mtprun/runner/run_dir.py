@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Unix sockets carry at most 107 bytes of path; Ray adds ~70 under its temp folder.
-_MAX_RAY_TEMP_LEN = 36
+# Ray refuses Unix socket paths over 107 bytes and puts its sockets ~64 bytes deep under its
+# temp folder (session_<date>_<time>_<usec>_<pid>/sockets/plasma_store).
+_MAX_RAY_TEMP_LEN = 40
 
 
 @dataclass(frozen=True)
