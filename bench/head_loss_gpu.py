@@ -9,9 +9,12 @@ rows under the loss mask:
   mtp:  CE + a depth-1 MTP head with the soft target and the tied output weight
 Peers: plain torch (materialized logits, one pass per term), plain torch on the mask-filtered
 rows, Liger-Kernel (fused linear CE with lse_square_scale; fused linear GRPO),
-cut-cross-entropy (CE only) and mtprun. Reported: median ms of CUDA-event-timed steps, peak
-memory above the inputs (gradients included), and the ratio to the GEMM floor
-6 * N_active * H * V / measured bf16 GEMM rate (x2 for mtp: two heads).
+cut-cross-entropy (CE only), "monolithic" (all active rows' bf16 logits at once, one per-row
+kernel: the design of Fast-LLM's monolithic loss, run with mtprun's kernel) and mtprun.
+Wheels of liger-kernel 0.8.5 and cut-cross-entropy 25.1.1 must be importable.
+Reported: median ms of CUDA-event-timed steps, peak memory above the inputs (gradients
+included), and the ratio to the GEMM floor 6 * N_active * H * V / measured bf16 GEMM rate
+(x2 for mtp: two heads).
 """
 
 from __future__ import annotations
@@ -277,6 +280,10 @@ def make_peers(chunk_mib: list[int]) -> dict[str, Callable[[str, dict], Callable
         "torch-filtered": lambda w, i: torch_step(w, i, filtered=True),
         "liger": liger_step,
         "cce": cce_step,
+        # The strongest design of the issue (Fast-LLM's monolithic loss kernel): all active
+        # rows' bf16 logits materialized at once, one per-row kernel, one GEMM per gradient.
+        # Stood in for by mtprun's own kernel with a single chunk.
+        "monolithic": lambda w, i: mtprun_step(w, i, 1 << 40),
     }
     if not chunk_mib:
         peers["mtprun"] = lambda w, i: mtprun_step(w, i, None)
