@@ -356,6 +356,67 @@ def kernel_sweep(h: int, v: int, rows: int = 2560) -> None:
             print(f"| {block} | {warps} | {ms:.3f} | {gbytes / ms:.2f} |", flush=True)
 
 
+def tp_main(args: argparse.Namespace) -> None:
+    """Vocab-parallel run (torchrun, one process per GPU): TP=world against TP=1 on the same
+    inputs (loss and gradients), then the time per step on each rank."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(dist.get_rank() % torch.cuda.device_count())
+    if dist.get_rank() == 0:
+        print(f"device: {torch.cuda.get_device_name()} x {dist.get_world_size()}")
+        print(
+            "| rank | workload | active | loss TP | loss TP=1 | grad rel. err. vs TP=1 "
+            "(hidden, weight shard, mtp) | ms/step TP | ms/step TP=1 |\n"
+            "|---|---|---|---|---|---|---|---|",
+            flush=True,
+        )
+    for workload in args.workloads:
+        for active in args.active:
+            print(_tp_cell(workload, active, args, dist.group.WORLD), flush=True)
+    dist.destroy_process_group()
+
+
+def _tp_cell(workload: str, active: float, args: argparse.Namespace, group) -> str:
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    inputs = make_inputs(workload, active, args.n, args.h, args.v, seed=7)
+    kwargs = {k: inputs[k] for k in inputs if k not in ("hidden", "weight")}
+    shard = args.v // world
+    local = inputs["weight"][rank * shard : (rank + 1) * shard].detach().clone()
+    local_inputs = inputs | {"weight": local.requires_grad_()}
+    tp_plan = HeadPlan.from_losses(PLANS[workload], tp_size=world)
+    one_plan = HeadPlan.from_losses(PLANS[workload])
+
+    def tp_loss() -> torch.Tensor:
+        return head_loss(inputs["hidden"], local, tp_plan, tp_group=group, **kwargs).loss
+
+    def one_loss() -> torch.Tensor:
+        return head_loss(inputs["hidden"], inputs["weight"], one_plan, **kwargs).loss
+
+    one_step = _with_fresh_grads(one_loss, inputs)
+    tp_step = _with_fresh_grads(tp_loss, local_inputs)
+    one_step()
+    expected = [t.grad.clone() for t in _leaves(inputs)]
+    expected[1] = expected[1][rank * shard : (rank + 1) * shard]
+    tp_step()
+    got = [t.grad.clone() for t in _leaves(local_inputs)]
+    errors = ", ".join(f"{_relative(a, b):.1e}" for a, b in zip(got, expected, strict=True))
+    with torch.no_grad():
+        losses = float(tp_loss()), float(one_loss())
+    tp_ms, one_ms = timed_ms(tp_step, 8, 1), timed_ms(one_step, 8, 1)
+    return (
+        f"| {rank}/{world} | {workload} | {active:.0%} | {losses[0]:.6f} | {losses[1]:.6f} | "
+        f"{errors} | {tp_ms:.1f} | {one_ms:.1f} |"
+    )
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.double(), expected.double()
+    return float((actual - expected).norm() / expected.norm().clamp(min=1e-30))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=16384)
@@ -373,11 +434,17 @@ def main() -> None:
     parser.add_argument(
         "--sweeps", action="store_true", help="GEMM rates per chunk height, row-kernel tiles"
     )
+    parser.add_argument(
+        "--tp", action="store_true", help="vocab-parallel check and timing (under torchrun)"
+    )
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write all cells here")
     args = parser.parse_args()
 
+    if args.tp:
+        tp_main(args)
+        return
     device = torch.cuda.get_device_name()
     ceilings = measure_ceilings(args.n, args.h, args.v)
     print(f"device: {device}; torch {torch.__version__}", flush=True)
