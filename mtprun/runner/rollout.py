@@ -8,6 +8,7 @@ policy and, with MTP speculative decoding, for the drafter, which holds its own 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable
@@ -40,10 +41,20 @@ def configure_vllm_env(work_dir: Path) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+    if os.environ["TORCH_COMPILE_DISABLE"] == "1":
+        # torch reads the variable once, at import: apply it when torch came first.
+        torch._dynamo.config.disable = True
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+
+
+def checkpoint_dtype(model_dir: Path) -> str:
+    """The dtype config.json declares; vLLM's "auto" would run float32 checkpoints in
+    bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
 def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -77,6 +88,7 @@ class RolloutEngine:
         self.llm = LLM(
             model=str(model_dir),
             tokenizer=str(model_dir),
+            dtype=checkpoint_dtype(Path(model_dir)),
             seed=seed,
             enforce_eager=True,
             speculative_config=speculative,

@@ -1,0 +1,113 @@
+"""The vLLM rollout engine against transformers greedy decoding, before and after a weight
+sync, with and without MTP speculative decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from mtprun.models.tiny import build_tiny_model
+from mtprun.runner.rollout import RolloutEngine
+from mtprun.spec.model import TinyModel
+from mtprun.spec.rollout import RolloutSection
+
+from .conftest import TINY
+
+pytestmark = pytest.mark.slow
+
+MAX_TOKENS = 12
+
+
+def _hf_greedy(model_dir, prompt, eos, max_tokens=MAX_TOKENS):
+    """Greedy decoding by full forwards: (token ids, log-prob of each)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids, logprobs = list(prompt), []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            step = model(torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+            token = int(step.argmax())
+            ids.append(token)
+            logprobs.append(float(step[token]))
+            if token == eos:
+                break
+    return ids[len(prompt) :], logprobs
+
+
+def _assert_matches_hf(samples, model_dir, prompts, eos):
+    for prompt, prompt_samples in zip(prompts, samples, strict=True):
+        tokens, logprobs = _hf_greedy(model_dir, prompt, eos)
+        for sample in prompt_samples:
+            assert sample.token_ids == tokens
+            assert sample.logprobs == pytest.approx(logprobs, abs=1e-4)
+            stopped = tokens[-1] == eos
+            assert sample.finish_reason == ("stop" if stopped else "length")
+
+
+def _retrained(tokenizer, tmp_path, architecture, mtp_layers=0):
+    """'New weights': the same architecture drawn with another seed."""
+    spec = TinyModel(architecture=architecture, mtp_layers=mtp_layers, **TINY)
+    return build_tiny_model(spec, tokenizer, tmp_path / "new", seed=1)
+
+
+@pytest.fixture
+def prompts(tokenizer):
+    return [tokenizer("12+34=").input_ids, tokenizer("hello").input_ids]
+
+
+def test_weight_sync_moves_greedy_outputs_to_the_new_weights(
+    tiny_qwen2_dir, tokenizer, prompts, tmp_path
+):
+    greedy = RolloutSection(temperature=0.0, max_tokens=MAX_TOKENS)
+    engine = RolloutEngine(tiny_qwen2_dir, greedy, seed=0, work_dir=tmp_path)
+    try:
+        before = engine.generate(prompts, n=2)
+        _assert_matches_hf(before, tiny_qwen2_dir, prompts, tokenizer.eos_token_id)
+
+        new_dir = _retrained(tokenizer, tmp_path, "qwen2")
+        seconds = engine.update_weights(load_file(new_dir / "model.safetensors").items())
+        after = engine.generate(prompts, n=1)
+    finally:
+        engine.shutdown()
+    assert seconds > 0
+    assert [s[0].token_ids for s in after] != [s[0].token_ids for s in before]
+    _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
+    with pytest.raises(ValueError, match="at least one sample"):
+        engine.generate(prompts, n=0)
+
+
+def _drafter_input_proj(worker):
+    drafter = worker.model_runner.drafter.model.model
+    return next(iter(drafter.mtp_layers.values())).input_proj.weight.detach().clone()
+
+
+def test_mtp_speculative_decoding_is_lossless_and_syncs_the_drafter(
+    tiny_mimo_dir, tokenizer, prompts, tmp_path
+):
+    speculative = RolloutSection(
+        temperature=0.0,
+        max_tokens=MAX_TOKENS,
+        speculative={"method": "mtp", "num_speculative_tokens": 1},
+    )
+    engine = RolloutEngine(tiny_mimo_dir, speculative, seed=0, work_dir=tmp_path)
+    try:
+        _assert_matches_hf(
+            engine.generate(prompts, n=1), tiny_mimo_dir, prompts, tokenizer.eos_token_id
+        )
+        counters = engine.spec_decode_counters()
+        assert counters["num_drafts"] > 0
+        assert counters["num_draft_tokens"] >= counters["num_accepted_tokens"]
+        assert "num_accepted_tokens_per_pos/0" in counters
+
+        new_dir = _retrained(tokenizer, tmp_path, "mimo", mtp_layers=1)
+        new = load_file(new_dir / "model.safetensors")
+        engine.update_weights(new.items())
+        (drafter_weight,) = engine.llm.collective_rpc(_drafter_input_proj)
+        after = engine.generate(prompts, n=1)
+        later = engine.spec_decode_counters()
+    finally:
+        engine.shutdown()
+    torch.testing.assert_close(drafter_weight, new["model.mtp_layers.0.input_proj.weight"])
+    _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
+    assert later["num_drafts"] > counters["num_drafts"]
