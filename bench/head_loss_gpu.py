@@ -348,12 +348,14 @@ def kernel_sweep(h: int, v: int, rows: int = 2560) -> None:
     group = groups.build(row_groups(plan, inputs)[0], inputs, argmax=False)
     logits = hidden @ weight.t()
     gbytes = 3 * logits.numel() * logits.element_size() / 1e9
+    defaults = launch.MAX_BLOCK_V, launch.NUM_WARPS
     print("| BLOCK_V | warps | ms | TB/s |\n|---|---|---|---|")
     for block in (2048, 4096, 8192):
         for warps in (4, 8, 16):
             launch.MAX_BLOCK_V, launch.NUM_WARPS = block, warps
             ms = timed_ms(lambda: launch.run_rows(logits, group, 0, rows, vocab_offset=0), 10, 2)
             print(f"| {block} | {warps} | {ms:.3f} | {gbytes / ms:.2f} |", flush=True)
+    launch.MAX_BLOCK_V, launch.NUM_WARPS = defaults
 
 
 def tp_main(args: argparse.Namespace) -> None:
