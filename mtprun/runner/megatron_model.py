@@ -123,7 +123,8 @@ class PolicyModel(GPTModel):
         """
         num_tokens = input_ids.numel()
         mask = packed_causal_mask(cu_seqlens, num_tokens, input_ids.device)
-        rope = self.rotary_pos_emb(self.max_sequence_length)[position_ids]
+        # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
+        rope = self.rotary_pos_emb(self.max_sequence_length).to(position_ids.device)[position_ids]
         hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
         for layer in self.decoder.layers:
             hidden, _ = layer(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rope)

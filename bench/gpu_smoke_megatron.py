@@ -1,0 +1,179 @@
+"""GPU smoke test of the trainer: Megatron-core GPTModel + mtprun's fused head loss.
+
+Needs torch with CUDA, Triton, transformers and megatron-core (no vLLM, Ray or MLflow). For
+each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.trainer.Trainer`
+(bf16 autocast over float32 master weights, NCCL process group of one), runs optimizer steps
+on random packed batches and reports the head-loss metrics, step time and peak memory; then
+it exports the weights to HF format and checks the trainer's log-probs against transformers.
+
+    python bench/gpu_smoke_megatron.py                # on the GPU machine
+    python bench/gpu_smoke_megatron.py --cpu-dry-run  # tiny sizes on CPU, checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mtprun.compiler import compile_recipe
+from mtprun.data.batch import PackedBatch
+from mtprun.data.tokenizer import build_tokenizer
+from mtprun.models.tiny import build_tiny_model
+from mtprun.runner.trainer import Trainer
+from mtprun.spec.model import TinyModel
+from mtprun.spec.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    architecture: str
+    losses: list[dict]
+    rl: bool = False
+
+
+CASES = [
+    Case("sft: ce + z_loss", "qwen2", [{"kind": "ce"}, {"kind": "z_loss"}]),
+    Case(
+        "grpo: grpo(k3 kl) + entropy",
+        "qwen2",
+        [{"kind": "grpo", "kl_coef": 0.05}, {"kind": "entropy", "coef": 0.001}],
+        rl=True,
+    ),
+    Case("mimo: ce + mtp(soft)", "mimo", [{"kind": "ce"}, {"kind": "mtp"}]),
+]
+# (hidden, layers, heads, kv_heads, intermediate, vocab, tokens per micro batch, micro batches)
+GPU_SIZE = (1024, 4, 8, 2, 4096, 32768, 4096, 2)
+CPU_SIZE = (64, 2, 2, 2, 128, 128, 64, 2)
+
+
+def random_batch(vocab: int, tokens: int, seed: int, rl: bool, device: str) -> PackedBatch:
+    """Sequences of 64..512 random tokens packed into `tokens`, 70% of targets trained."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = []
+    while sum(lengths) < tokens:
+        lengths.append(min(int(torch.randint(64, 513, (1,), generator=g)), tokens - sum(lengths)))
+    ids = torch.randint(0, vocab, (tokens,), generator=g)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    mask = torch.rand(tokens, generator=g) < 0.7
+    mask[cu[1:].long() - 1] = False
+    rl_fields = {}
+    if rl:
+        rl_fields = {
+            "advantages": torch.randn(tokens, generator=g),
+            "old_logprobs": -torch.rand(tokens, generator=g) * 3,
+            "ref_logprobs": -torch.rand(tokens, generator=g) * 3,
+        }
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    batch = PackedBatch(ids, torch.roll(ids, -1), mask, positions, cu, **rl_fields)
+    return batch.to(device)
+
+
+def hf_logprob_gap(trainer: Trainer, batch: PackedBatch, folder: Path, device: str) -> float:
+    """Max |trainer log-prob - transformers log-prob| over trained tokens, with the trainer's
+    current weights exported to HF format (transformers in float32, trainer under autocast)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.load_state_dict(trainer.hf_state_dict(), strict=False)
+    model.to(device).eval()
+    lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
+    with torch.no_grad():
+        logits = torch.cat([model(s[None]).logits[0] for s in batch.input_ids.split(lengths)])
+        want = logits.log_softmax(-1).gather(-1, batch.targets[:, None])[:, 0]
+    got = trainer.logprobs(batch).to(device)
+    return float((got - want)[batch.loss_mask].abs().max())
+
+
+def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work: Path) -> dict:
+    hidden, layers, heads, kv_heads, inter, vocab, tokens, micro = size
+    spec = TinyModel(
+        architecture=case.architecture, hidden=hidden, layers=layers, heads=heads,
+        kv_heads=kv_heads, intermediate=inter, vocab=vocab, max_seq_len=1024,
+        mtp_layers=1 if case.architecture == "mimo" else 0,
+    )  # fmt: skip
+    folder = build_tiny_model(spec, build_tokenizer("char"), work / case.architecture, seed=0)
+    source = (
+        {"task": {"name": "arithmetic", "reward": "arithmetic", "template": "char"}}
+        if case.rl
+        else {"data": {"source": "arithmetic", "template": "char"}}
+    )
+    recipe = Recipe.model_validate(
+        {
+            "name": "gpu-smoke",
+            "model": {"path": str(folder), "dtype": dtype},
+            **source,
+            "losses": case.losses,
+            "trainer": {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": tokens},
+        }
+    )
+    trainer = Trainer(recipe, folder, compile_recipe(recipe), device)
+    batches = [random_batch(vocab, tokens, seed=i, rl=case.rl, device=device) for i in range(micro)]
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, metrics = [], {}
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        metrics = trainer.train_step(batches)
+        sync()
+        times.append(time.perf_counter() - start)
+    result = {
+        "case": case.name,
+        "params_M": round(sum(p.numel() for p in trainer.model.parameters()) / 1e6, 1),
+        "tokens_per_step": tokens * micro,
+        "first_step_s": round(times[0], 3),
+        "step_s": round(min(times[1:] or times), 4),
+        "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if device == "cuda"
+        else None,
+        "metrics": {k: round(v, 5) for k, v in metrics.items()},
+        "hf_logprob_max_abs_diff": round(hf_logprob_gap(trainer, batches[0], folder, device), 5),
+    }
+    del trainer
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on CPU")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    device = "cpu" if args.cpu_dry_run else "cuda"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device; use --cpu-dry-run to check the script on CPU")
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    import megatron.core
+
+    print(f"megatron-core {megatron.core.__version__}")
+    size = CPU_SIZE if args.cpu_dry_run else GPU_SIZE
+    dtype = "float32" if args.cpu_dry_run else "bfloat16"
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            try:
+                results.append(run_case(case, size, device, dtype, args.steps, Path(tmp)))
+            except Exception as error:  # report every case, even after one fails
+                traceback.print_exc()
+                results.append({"case": case.name, "error": f"{type(error).__name__}: {error}"})
+            print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
