@@ -196,7 +196,10 @@ class TorchHeadEngine:
             shifted, expz, *t_exp = buffers
             probs = expz.div_(partial.sumexp[:, None])
             q = t_exp[0].div_(partial.t_sumexp[:, None]) if t_exp else None
-            self._accumulate(run, rows, student, 0, (shifted, probs, q), stats, result.grad)
+            grad_rows = self._hidden_grad_rows(run, student)
+            tile = (shifted, probs, q)
+            self._accumulate(run, student, grad_rows, 0, tile, stats, result.grad, rows)
+            self._store_hidden_grad(run, rows, grad_rows)
         run.stats = _cat_stats(chunks) if chunks else None
         return loss, metrics
 
@@ -224,6 +227,7 @@ class TorchHeadEngine:
         for rows in _chunks(group.num_rows, run.rows_per_chunk):
             chunk_stats, coeffs = stats.select(rows), run.grad.select(rows)
             student, teacher = self._chunk_hidden(group, rows)
+            grad_rows = self._hidden_grad_rows(run, student)
             for start in range(0, local_vocab, run.tile):
                 stop = min(start + run.tile, local_vocab)
                 shifted = _logits(student, self.inputs.weight[start:stop])
@@ -233,8 +237,9 @@ class TorchHeadEngine:
                 if run.spec.teacher_dense:
                     q = self._teacher_logits(group, teacher, start, stop)
                     q = q.sub_(chunk_stats.teacher_lse[:, None]).exp_()
-                tensors = (shifted, probs, q)
-                self._accumulate(run, rows, student, start, tensors, chunk_stats, coeffs)
+                tile = (shifted, probs, q)
+                self._accumulate(run, student, grad_rows, start, tile, chunk_stats, coeffs, rows)
+            self._store_hidden_grad(run, rows, grad_rows)
 
     def _tile(
         self,
@@ -272,29 +277,44 @@ class TorchHeadEngine:
     def _accumulate(
         self,
         run: _GroupRun,
-        rows: slice,
         student: torch.Tensor,
+        grad_rows: torch.Tensor | None,
         start: int,
         tile: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
         stats: RowStats,
         coeffs: GradCoeffs,
+        rows: slice,
     ) -> None:
-        """d loss / d logits of one tile, then its share of the hidden and weight grads.
+        """d loss / d logits of one tile of a chunk, then its share of the chunk's hidden
+        gradient (grad_rows) and of the weight gradient.
 
         tile: (z - max, p, q) of columns [start, start + width); the first is overwritten.
         """
         if coeffs.a is None:
             return
-        group, grads = run.group, self.grads
         shifted, probs, q = tile
         col_start = self.inputs.vocab_start + start
-        dz = _dlogits(shifted, probs, q, coeffs, stats, group.targets[rows], col_start)
+        dz = _dlogits(shifted, probs, q, coeffs, stats, run.group.targets[rows], col_start)
         stop = start + dz.shape[1]
-        target = grads.hidden if group.head == 0 else grads.mtp_hidden[group.head - 1]
-        if target is not None:
-            target.index_add_(0, group.rows[rows], dz @ self.inputs.weight[start:stop].float())
-        if grads.weight is not None and group.trains_weight:
-            grads.weight[start:stop].addmm_(dz.T, student)
+        if grad_rows is not None:
+            grad_rows.addmm_(dz, self.inputs.weight[start:stop].float())
+        if self.grads.weight is not None and run.group.trains_weight:
+            self.grads.weight[start:stop].addmm_(dz.T, student)
+
+    def _hidden_grad_rows(self, run: _GroupRun, student: torch.Tensor) -> torch.Tensor | None:
+        """A zeroed [C, H] buffer for the chunk's hidden gradient, or None if not wanted."""
+        return None if self._hidden_grad(run.group) is None else torch.zeros_like(student)
+
+    def _store_hidden_grad(
+        self, run: _GroupRun, rows: slice, grad_rows: torch.Tensor | None
+    ) -> None:
+        # Rows are unique within a group and each lies in one chunk: a copy, not an add
+        # (torch's CPU index_add_ is ~500x slower than index_copy_ here).
+        if grad_rows is not None:
+            self._hidden_grad(run.group).index_copy_(0, run.group.rows[rows], grad_rows)
+
+    def _hidden_grad(self, group: RowGroup) -> torch.Tensor | None:
+        return self.grads.hidden if group.head == 0 else self.grads.mtp_hidden[group.head - 1]
 
     def _logprobs(self) -> torch.Tensor:
         policy = self.runs[0]
@@ -324,20 +344,26 @@ def _dlogits(
         dz = shifted.mul_(coeffs.c.expand(probs.shape[0])[:, None]).add_(a).mul_(probs)
     else:
         dz = torch.mul(probs, a, out=shifted)
-    width = dz.shape[1]
     if coeffs.b is not None:
-        local = targets - col_start
-        inside = (local >= 0) & (local < width)
-        b = torch.where(inside, coeffs.b.expand(inside.shape[0]), 0.0)
-        dz.scatter_add_(1, local.clamp(0, width - 1)[:, None], b[:, None])
+        _add_at_columns(dz, targets[:, None] - col_start, coeffs.b.expand(dz.shape[0])[:, None])
     if coeffs.d is not None and q is not None:
         dz.add_(q.mul_(coeffs.d[:, None]))
     elif coeffs.d is not None:  # top-k teacher: q is sparse on the teacher's top-k ids
-        local = stats.topk_ids - col_start
-        inside = (local >= 0) & (local < width)
-        sparse_q = torch.where(inside, coeffs.d[:, None] * stats.topk_probs, 0.0)
-        dz.scatter_add_(1, local.clamp(0, width - 1), sparse_q)
+        _add_at_columns(dz, stats.topk_ids - col_start, coeffs.d[:, None] * stats.topk_probs)
     return dz
+
+
+def _add_at_columns(tile: torch.Tensor, columns: torch.Tensor, values: torch.Tensor) -> None:
+    """tile[i, columns[i, j]] += values[i, j] where the column lies inside the tile.
+
+    Goes through the flat storage: a 1-D index_add_ of a few values is cheap, while torch's
+    CPU scatter_add_ / 2-D index_add_ paths cost tens of ms per call on wide tiles.
+    """
+    width = tile.shape[1]
+    inside = (columns >= 0) & (columns < width)
+    rows = torch.arange(tile.shape[0], device=tile.device)[:, None].expand_as(columns)
+    flat = (rows * width + columns.clamp(0, width - 1))[inside]
+    tile.view(-1).index_add_(0, flat, values[inside].to(tile.dtype))
 
 
 def _logits(hidden_rows: torch.Tensor, weight_tile: torch.Tensor) -> torch.Tensor:
