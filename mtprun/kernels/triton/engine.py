@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.groups import KernelGroup
 from mtprun.kernels.triton.launch import run_rows
 from mtprun.kernels.triton.tensor_parallel import all_reduce_
@@ -196,9 +197,9 @@ def _run_draft(
     )
     if topk:
         values = draft.values[start:stop]
-        lse = values[:, 2]
-        values[:, 8] = lse - (q * student_at_top).sum(-1)
-        w = draft.weights[start:stop, 5:6]
+        lse = values[:, k.VALUE_COLUMNS.index("lse")]
+        values[:, k.VALUE_COLUMNS.index("soft_ce")] = lse - (q * student_at_top).sum(-1)
+        w = draft.weights[start:stop, k.WEIGHT_COLUMNS.index("plain"), None]
         logits.scatter_add_(1, top_ids, (-w * q).to(logits.dtype))
 
 

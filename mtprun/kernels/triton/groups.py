@@ -14,6 +14,7 @@ import torch
 
 from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
 from mtprun.kernels.triton import rows as k
+from mtprun.spec.losses import LossTerm
 
 _KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 
@@ -66,14 +67,10 @@ def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
     device = inputs.hidden.device
     weights = torch.zeros(n_rows, k.NUM_WEIGHTS, dtype=torch.float32, device=device)
     agg: dict[str, torch.Tensor] = {}
-    flags: dict[str, object] = {"argmax": argmax}
     for term in group.terms:
-        term_agg = aggregation_weights(term.loss_agg, group, inputs.cu_seqlens)
-        scaled = term_agg * (term.weight * group.head_scale)
-        column = _weight_column(term)
-        weights[:, k.WEIGHT_COLUMNS.index(column)] += scaled
-        agg[term.kind] = term_agg
-        flags.update(_flags(term, inputs))
+        agg[term.kind] = aggregation_weights(term.loss_agg, group, inputs.cu_seqlens)
+        column = k.WEIGHT_COLUMNS.index(weight_column(term))
+        weights[:, column] += agg[term.kind] * (term.weight * group.head_scale)
     per_token = {
         name: None if value is None else value[rows].float().contiguous()
         for name, value in (
@@ -82,20 +79,16 @@ def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
             ("ref_logprobs", inputs.ref_logprobs),
         )
     }
-    if flags.get("grpo"):
-        flags["has_old"] = per_token["old_logprobs"] is not None
-        flags["kl_estimator"] = (
-            _KL_ESTIMATORS[flags.pop("kl_name")] if per_token["ref_logprobs"] is not None else 0
-        )
-    flags.pop("kl_name", None)
-    if group.teacher_temperature != 1.0:
-        flags["inv_temperature"] = 1.0 / group.teacher_temperature
-    student = group.student
-    if n_rows != student.shape[0]:
-        student = student[rows]
+    flags = term_flags(
+        group,
+        has_old=per_token["old_logprobs"] is not None,
+        has_ref=per_token["ref_logprobs"] is not None,
+        argmax=argmax,
+    )
+    student = group.student if n_rows == group.student.shape[0] else group.student[rows]
     return KernelGroup(
         group=group,
-        flags=TermFlags(**flags),
+        flags=flags,
         student=student,
         targets=group.targets.contiguous(),
         weights=weights,
@@ -106,33 +99,43 @@ def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
     )
 
 
-def _weight_column(term) -> str:
+def weight_column(term: LossTerm) -> str:
+    """The column of rows.WEIGHT_COLUMNS (and of the per-token values) a term adds to."""
     if term.kind == "mtp":
         return {"soft": "soft_ce", "topk": "plain", "hard": "ce"}[term.target]
     return {"distill": "soft_ce"}.get(term.kind, term.kind)
 
 
-def _flags(term, inputs: HeadInputs) -> dict[str, object]:
-    if term.kind == "ce":
-        return {"ce": True}
-    if term.kind == "z_loss":
-        return {"z_loss": True}
-    if term.kind == "entropy":
-        return {"entropy_bonus": term.coef > 0}
-    if term.kind == "grpo":
-        return {
-            "grpo": True,
-            "clip_low": term.clip_low,
-            "clip_high": term.clip_high,
-            "kl_coef": term.kl_coef,
-            "kl_name": term.kl_estimator,
-        }
-    if term.kind == "distill":
-        return {"teacher": True}
-    if term.kind == "mtp":
-        return {
-            "soft": {"teacher": True},
-            "topk": {"plain": True, "topk": term.topk or 0},
-            "hard": {"ce": True},
-        }[term.target]
-    raise ValueError(f"the Triton head loss has no kernel for term kind {term.kind!r}")
+def term_flags(group: RowGroup, *, has_old: bool, has_ref: bool, argmax: bool) -> TermFlags:
+    """The kernel switches of a group's terms."""
+    flags: dict[str, object] = {
+        "argmax": argmax,
+        "inv_temperature": 1.0 / group.teacher_temperature,
+    }
+    for term in group.terms:
+        if term.kind in ("ce", "z_loss"):
+            flags[term.kind] = True
+        elif term.kind == "entropy":
+            flags["entropy_bonus"] = term.coef > 0
+        elif term.kind == "grpo":
+            flags.update(
+                grpo=True,
+                has_old=has_old,
+                kl_estimator=_KL_ESTIMATORS[term.kl_estimator] if has_ref else 0,
+                clip_low=term.clip_low,
+                clip_high=term.clip_high,
+                kl_coef=term.kl_coef,
+            )
+        elif term.kind == "distill":
+            flags["teacher"] = True
+        elif term.kind == "mtp":
+            flags.update(
+                {
+                    "soft": {"teacher": True},
+                    "topk": {"plain": True, "topk": term.topk or 0},
+                    "hard": {"ce": True},
+                }[term.target]
+            )
+        else:
+            raise ValueError(f"the Triton head loss has no kernel for term kind {term.kind!r}")
+    return TermFlags(**flags)

@@ -92,8 +92,8 @@ def head_loss_triton(
         metrics = _metrics(plan, policy, drafts, teacher_positions)
         logprobs = _logprobs(policy, hidden.shape[0])
         student_grads = tuple(
-            _scatter_rows(grad, group.group.rows, students[i].shape[0])
-            for i, (grad, group) in enumerate(zip(grads.students, groups, strict=True))
+            _scatter_rows(grad, group.group.rows, hidden.shape[0])
+            for grad, group in zip(grads.students, groups, strict=True)
         )
     loss = _PrecomputedGrads.apply(loss, (grads.weight, *student_grads), weight, *students)
     return HeadLossOutput(loss=loss, metrics=metrics, logprobs=logprobs)
@@ -104,6 +104,7 @@ class _PrecomputedGrads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, loss, grads, weight, *students):
+        # weight and students are inputs only so that autograd routes their gradients here.
         ctx.grads = grads
         return loss.clone()
 
@@ -175,7 +176,7 @@ def _metrics(
     for term in plan.terms:
         if term.kind == "mtp":
             continue
-        column = kg._weight_column(term)
+        column = kg.weight_column(term)
         value = per_token[:, k.WEIGHT_COLUMNS.index(column)]
         metrics[term.kind] = (policy.agg[term.kind] * value).sum()
         if term.kind == "grpo":
@@ -185,7 +186,7 @@ def _metrics(
     metrics["entropy"] = token_mean("entropy")
     mtp = plan.term("mtp")
     if mtp is not None:
-        column = k.WEIGHT_COLUMNS.index(kg._weight_column(mtp))
+        column = k.WEIGHT_COLUMNS.index(kg.weight_column(mtp))
         head_values = []
         policy_argmax = policy.stats[:, k.STATS_COLUMNS.index("argmax")]
         for draft, positions in zip(drafts, teacher_positions, strict=True):
