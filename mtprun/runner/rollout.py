@@ -1,9 +1,11 @@
 """The rollout engine: vLLM in-process, sampling token ids with their log-probs.
 
-The engine runs inside the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), which
-starts several times faster than vLLM's engine-core subprocess and lets weight syncs pass
-tensors by reference. Weight sync goes through vLLM's in-place `reload_weights`, for the
-policy and, with MTP speculative decoding, for the drafter, which holds its own copy.
+The engine runs inside the calling process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), which starts
+several times faster than vLLM's engine-core subprocess and lets weight syncs pass tensors by
+reference. That process must not hold a torch.distributed group (vLLM makes its own and
+destroys it at shutdown), so trainers and engines live in separate processes. Weight sync
+goes through vLLM's in-place `reload_weights`, for the policy and, with MTP speculative
+decoding, for the drafter, which holds its own copy.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ class RolloutEngine:
     """vLLM engine over an HF model folder; `generate` takes and returns token ids."""
 
     def __init__(self, model_dir: Path, rollout: RolloutSection, seed: int, work_dir: Path):
+        if torch.distributed.is_initialized():
+            # vLLM would join that group as its own world and destroy it at shutdown.
+            raise RuntimeError(
+                "RolloutEngine needs a process without a torch.distributed group (the trainer's "
+                "is already initialised here); run the engine in its own process or Ray actor"
+            )
         configure_vllm_env(work_dir)
         from vllm import LLM
 

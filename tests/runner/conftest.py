@@ -87,9 +87,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def megatron_tp1():
-    """Megatron-core model parallelism of one process (tp=pp=cp=dp=1) in the test process."""
+    """Megatron-core model parallelism of one process (tp=pp=cp=dp=1) in the test process,
+    for one test module: a vLLM engine in another module needs the process without it."""
     from mtprun.runner.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 

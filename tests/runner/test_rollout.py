@@ -77,6 +77,16 @@ def test_weight_sync_moves_greedy_outputs_to_the_new_weights(
         engine.generate(prompts, n=0)
 
 
+def test_engine_refuses_a_process_with_a_distributed_group(tiny_qwen2_dir, tmp_path):
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="own process"):
+            RolloutEngine(tiny_qwen2_dir, RolloutSection(), seed=0, work_dir=tmp_path)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def _drafter_input_proj(worker):
     drafter = worker.model_runner.drafter.model.model
     return next(iter(drafter.mtp_layers.values())).input_proj.weight.detach().clone()
