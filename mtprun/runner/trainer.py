@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -77,18 +76,21 @@ class Trainer:
     def train_step(self, micro_batches: list[PackedBatch]) -> dict[str, float]:
         """Accumulate gradients over the micro batches, then one clipped optimizer step.
 
-        Micro batch i's loss is weighted by its share of this step's trained tokens, so the
-        step's loss is the token-mean over all micro batches. Returns the loss, every metric
-        of the head loss (same weighting), grad_norm (before clipping), lr (of this step),
-        tokens and trained_tokens (summed over data-parallel replicas).
+        Each micro batch's loss is weighted by its share of the step's trained tokens over
+        all data-parallel replicas, and replica gradients are summed, so the step equals one
+        process training on every micro batch: the token-mean over the whole step. Returns
+        the loss, every metric of the plan (same weighting), grad_norm (before clipping), lr
+        (of this step), tokens and trained_tokens (of the whole step).
         """
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         trained = [int(mb.loss_mask.sum()) for mb in micro_batches]
-        total = max(sum(trained), 1)
-        sums: dict[str, float] = defaultdict(float)
+        tokens, total = self._sum_over_data_parallel(
+            [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
+        )
+        sums = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
         for batch, count in zip(micro_batches, trained, strict=True):
             if count == 0:
                 continue  # nothing to learn; every TP rank skips it alike
@@ -98,24 +100,17 @@ class Trainer:
             sums["loss"] += share * float(out.loss.detach())
             for name, value in out.metrics.items():
                 sums[name] += share * float(value)
-        self._average_data_parallel_grads()
+        self._sum_data_parallel_grads()
         params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         grad_norm = clip_grads(params, self.recipe.trainer.grad_clip, self.tp_group)
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        metrics = self._average_over_data_parallel(dict(sums))
-        tokens = self._sum_over_data_parallel(
-            [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
-        )
-        return {
-            **metrics,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "tokens": tokens[0],
-            "trained_tokens": tokens[1],
-        }
+        summed = self._sum_over_data_parallel(list(sums.values()))
+        metrics = dict(zip(sums, summed, strict=True))
+        counts = {"tokens": tokens, "trained_tokens": total}
+        return {**metrics, "grad_norm": grad_norm, "lr": lr, **counts}
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -177,29 +172,22 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self._compute_dtype)
 
-    def _average_data_parallel_grads(self) -> None:
+    def _sum_data_parallel_grads(self) -> None:
         if self.dp_size == 1:
             return
         group = parallel_state.get_data_parallel_group()
         for p in self.model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad, group=group)
-                p.grad /= self.dp_size
 
-    def _average_over_data_parallel(self, metrics: dict[str, float]) -> dict[str, float]:
+    def _sum_over_data_parallel(self, values: list[Any]) -> list[Any]:
+        """Element-wise sum over data-parallel replicas (ints stay ints)."""
         if self.dp_size == 1:
-            return metrics
-        names = sorted(metrics)
-        values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
-        dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
-        return dict(zip(names, (values / self.dp_size).tolist(), strict=True))
-
-    def _sum_over_data_parallel(self, counts: list[int]) -> list[int]:
-        if self.dp_size == 1:
-            return counts
-        values = torch.tensor(counts, dtype=torch.int64)
-        dist.all_reduce(values, group=parallel_state.get_data_parallel_group())
-        return values.tolist()
+            return values
+        dtype = torch.int64 if all(isinstance(v, int) for v in values) else torch.float64
+        summed = torch.tensor(values, dtype=dtype)
+        dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
+        return summed.tolist()
 
 
 def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:

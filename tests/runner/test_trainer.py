@@ -168,7 +168,7 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
         trainer.train_step([broken])
 
 
-# --- tensor parallelism: two gloo processes against one --------------------------------
+# --- tensor and data parallelism: two gloo processes against one ------------------------
 
 TP_LOSSES = [
     {"kind": "ce"},
@@ -178,20 +178,21 @@ TP_LOSSES = [
 ]
 
 
-def _train_two_steps(model_dir, tp):
-    """Two clipped SGD steps on RL batches in an initialised process; what rank 0 reports.
-    (SGD, not Adam: Adam's normalised update turns float32 noise in near-zero gradients into
-    lr-sized differences that say nothing about tensor parallelism.)"""
+def _train_two_steps(model_dir, parallel, batch_ids):
+    """Two clipped SGD steps on RL micro batches `batch_ids` in an initialised process; what
+    rank 0 reports. (SGD, not Adam: Adam's normalised update turns float32 noise in near-zero
+    gradients into lr-sized differences that say nothing about parallelism.)"""
     recipe = make_recipe(
         model_dir,
         rl=True,
-        parallel={"tp": tp},
+        parallel=parallel,
         losses=TP_LOSSES,
         trainer={"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1},
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
     batches = _batches(trainer.dims.vocab, seed=8, rl=True)
-    metrics = [trainer.train_step(batches) for _ in range(2)]
+    mine = [batches[i] for i in batch_ids]
+    metrics = [trainer.train_step(mine) for _ in range(2)]
     return {
         "metrics": metrics,
         "logprobs": trainer.logprobs(batches[0]),
@@ -199,28 +200,32 @@ def _train_two_steps(model_dir, tp):
     }
 
 
-def _tp2_process(rank, port, model_dir, out_path):
+def _parallel_process(rank, parallel, port, model_dir, out_path):
     from mtprun.runner.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 
-    init_parallel(ParallelSection(tp=2), rank, 2, "127.0.0.1", port)
-    result = _train_two_steps(model_dir, tp=2)
+    layout = ParallelSection(**parallel)
+    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
+    # Data-parallel replicas split the step's micro batches; TP ranks share them.
+    batch_ids = [rank] if layout.dp == 2 else [0, 1]
+    result = _train_two_steps(model_dir, parallel, batch_ids)
     if rank == 0:
         torch.save(result, out_path)
     destroy_parallel()
 
 
 @pytest.mark.slow
-def test_tp2_trains_exactly_like_tp1(megatron_tp1, tiny_mimo_dir, tmp_path):
-    args = (free_port(), tiny_mimo_dir, tmp_path / "tp2.pt")
-    mp.start_processes(_tp2_process, args=args, nprocs=2, start_method="spawn")
-    tp2 = torch.load(tmp_path / "tp2.pt")
-    tp1 = _train_two_steps(tiny_mimo_dir, tp=1)
-    for step1, step2 in zip(tp1["metrics"], tp2["metrics"], strict=True):
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"dp": 2}], ids=["tp2", "dp2"])
+def test_two_processes_train_exactly_like_one(megatron_tp1, tiny_mimo_dir, tmp_path, parallel):
+    args = (parallel, free_port(), tiny_mimo_dir, tmp_path / "two.pt")
+    mp.start_processes(_parallel_process, args=args, nprocs=2, start_method="spawn")
+    two = torch.load(tmp_path / "two.pt")
+    one = _train_two_steps(tiny_mimo_dir, {}, [0, 1])
+    for step1, step2 in zip(one["metrics"], two["metrics"], strict=True):
         assert step1.keys() == step2.keys()
         for name, value in step1.items():
             assert step2[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
-    torch.testing.assert_close(tp2["logprobs"], tp1["logprobs"], rtol=1e-5, atol=1e-5)
-    assert tp1["state"].keys() == tp2["state"].keys()
-    for name, tensor in tp1["state"].items():
-        torch.testing.assert_close(tp2["state"][name], tensor, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(two["logprobs"], one["logprobs"], rtol=1e-5, atol=1e-5)
+    assert one["state"].keys() == two["state"].keys()
+    for name, tensor in one["state"].items():
+        torch.testing.assert_close(two["state"][name], tensor, rtol=1e-4, atol=1e-6)
