@@ -40,6 +40,13 @@ class Trainer:
         self.recipe = recipe
         self.plan = plan
         self.device = torch.device(device)
+        self._compute_dtype = getattr(torch, recipe.model.dtype)
+        if self._compute_dtype != torch.float32 and self.device.type != "cuda":
+            # Megatron's linear layers declare their autocast behaviour for CUDA only.
+            raise ValueError(
+                f"model.dtype: {recipe.model.dtype} trains under autocast, which Megatron-core "
+                "supports on CUDA devices only; use model.dtype: float32 on CPU"
+            )
         _ensure_parallel(recipe)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_group = (
@@ -71,7 +78,6 @@ class Trainer:
         self.scheduler = build_scheduler(recipe.trainer, self.optimizer)
         self.step = 0
         self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
-        self._compute_dtype = getattr(torch, recipe.model.dtype)
 
     def train_step(self, micro_batches: list[PackedBatch]) -> dict[str, float]:
         """Accumulate gradients over the micro batches, then one clipped optimizer step.

@@ -162,6 +162,9 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
         Trainer(
             make_recipe(tiny_qwen2_dir, parallel={"pp": 2}), tiny_qwen2_dir, trainer.plan, "cpu"
         )
+    bf16 = make_recipe(tiny_qwen2_dir, model={"path": str(tiny_qwen2_dir), "dtype": "bfloat16"})
+    with pytest.raises(ValueError, match="float32 on CPU"):
+        Trainer(bf16, tiny_qwen2_dir, trainer.plan, "cpu")
     broken = random_packed_batch(trainer.dims.vocab, [8], seed=7)
     broken.cu_seqlens = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seqlens"):
