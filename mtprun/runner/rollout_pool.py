@@ -10,14 +10,17 @@ prompt is lost or counted twice.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 from mtprun.runner.actors import stop_actors
 
 log = logging.getLogger("mtprun")
+
+_RESTART_TIMEOUT_S = 600  # a restarted engine loads its model again
 
 
 class RolloutPool:
@@ -71,11 +74,22 @@ class RolloutPool:
 
     def _recover(self, i: int) -> None:
         actor = self.actors[i]
-        self.pids[i] = ray.get(actor.pid.remote())  # blocks until the restarted actor is up
+        self.pids[i] = self._wait_until_up(i)
         self.restarts += 1
         if self._weights is not None:
             ray.get(actor.update_weights.remote(self._weights))
         log.warning("rollout engine %d restarted (new pid %s), weights re-synced", i, self.pids[i])
+
+    def _wait_until_up(self, i: int) -> int:
+        """The pid of engine i once Ray has restarted it (its engine loaded)."""
+        deadline = time.monotonic() + _RESTART_TIMEOUT_S
+        while True:
+            try:
+                return ray.get(self.actors[i].pid.remote())
+            except ActorUnavailableError:  # still restarting; ActorDiedError: out of restarts
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def update_weights(self, weights_ref: Any) -> float:
         """Sync the policy into every engine; returns the slowest engine's seconds."""

@@ -1,0 +1,106 @@
+"""Helpers of the end-to-end runner tests: run the real `mtprun` console script, follow its
+log, read the run back through the MLflow client."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from mlflow import MlflowClient
+
+MTPRUN = [str(Path(sys.executable).with_name("mtprun"))]  # the installed console script
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+
+
+def write_recipe(folder: Path, recipe: dict) -> Path:
+    path = folder / f"{recipe['name']}.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def start(*args: str | Path, cwd: Path) -> subprocess.Popen:
+    """`mtprun ARGS` in its own session, so signals sent to it reach only it."""
+    return subprocess.Popen(
+        [*MTPRUN, *map(str, args)],
+        cwd=cwd,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 420) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def log_size(log_file: Path) -> int:
+    return len(log_file.read_text()) if log_file.exists() else 0
+
+
+def wait_for_log(
+    log_file: Path, pattern: str, proc: subprocess.Popen, since: int = 0, timeout: float = 300
+) -> re.Match:
+    """The first match of `pattern` in the run's log after character `since` (the log is
+    appended by every attempt), waiting while `proc` runs."""
+    deadline = time.monotonic() + timeout
+    regex = re.compile(pattern)
+    while time.monotonic() < deadline:
+        if log_file.exists():
+            found = regex.search(log_file.read_text(), since)
+            if found:
+                return found
+        if proc.poll() is not None:
+            raise AssertionError(f"mtprun exited ({proc.returncode}) before logging {pattern!r}")
+        time.sleep(0.5)
+    raise AssertionError(f"no {pattern!r} in {log_file} after {timeout} s")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def actor_processes_left(grace_s: float = 30) -> list[str]:
+    """Live Ray worker processes of mtprun actors, after giving exiting ones `grace_s`."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
+        left = [
+            line
+            for line in ps.stdout.splitlines()
+            if line.startswith(("ray::TrainerWorker", "ray::RolloutWorker"))
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
+
+
+class RunRecord:
+    """The MLflow side of a finished run folder."""
+
+    def __init__(self, run_dir: Path) -> None:
+        state = json.loads((run_dir / "state.json").read_text())
+        self.client = MlflowClient(state["tracking_uri"])
+        self.run_id = state["run_id"]
+        self.run = self.client.get_run(self.run_id)
+
+    def steps(self, key: str) -> list[int]:
+        return sorted(m.step for m in self.client.get_metric_history(self.run_id, key))
+
+    def values(self, key: str) -> list[float]:
+        history = sorted(self.client.get_metric_history(self.run_id, key), key=lambda m: m.step)
+        return [m.value for m in history]
+
+    def artifacts(self, folder: str | None = None) -> set[str]:
+        return {a.path for a in self.client.list_artifacts(self.run_id, folder)}

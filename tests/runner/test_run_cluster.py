@@ -1,0 +1,105 @@
+"""An SFT run joining a separately started Ray head on loopback (`ray start --head`) through
+`--ray-address`, as on a cluster; its metrics read back through the MLflow client."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from .cli_run import (
+    ENV,
+    RunRecord,
+    actor_processes_left,
+    finish,
+    free_port,
+    start,
+    write_recipe,
+)
+
+pytestmark = pytest.mark.slow
+
+RAY = str(Path(sys.executable).with_name("ray"))
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """`ray start --head` on 127.0.0.1 with its own short temp folder; stopped afterwards."""
+    temp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))
+    port = free_port()
+    started = subprocess.run(
+        [
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield f"127.0.0.1:{port}"
+    subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
+    recipe = write_recipe(
+        tmp_path,
+        {
+            "name": "e2e-sft",
+            "run_dir": str(tmp_path / "run"),
+            "model": {
+                "tiny": {
+                    "architecture": "qwen2",
+                    "hidden": 64,
+                    "layers": 2,
+                    "heads": 2,
+                    "kv_heads": 1,
+                    "intermediate": 128,
+                    "max_seq_len": 128,
+                }
+            },
+            "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 256},
+            "losses": [{"kind": "ce"}, {"kind": "z_loss"}],
+            "trainer": {"lr": 3e-3, "steps": STEPS},
+        },
+    )
+    code, out = finish(start(recipe, "--ray-address", ray_head, cwd=tmp_path))
+    assert code == 0, out
+
+    run_dir = tmp_path / "run"
+    log = (run_dir / "log.txt").read_text()
+    assert f"joining the Ray cluster at {ray_head}" in log
+    assert not (run_dir / "ray").exists()  # the cluster's temp folder is the cluster's own
+    record = RunRecord(run_dir)
+    assert record.run.info.status == "FINISHED"
+    assert record.run.info.run_name == "e2e-sft"
+    assert record.steps("train/loss") == list(range(1, STEPS + 1))
+    for key in (
+        "train/ce",
+        "train/z_loss",
+        "train/entropy",
+        "train/trained_token_frac",
+        "train/tokens_per_s",
+        "time/train_s",
+    ):
+        assert record.steps(key) == list(range(1, STEPS + 1)), key
+    assert "reward/mean" not in record.run.data.metrics  # SFT runs the trainer only
+    losses = record.values("train/ce")
+    assert losses[-1] < losses[0], losses  # it learns
+    assert record.run.data.params["data.source"] == "arithmetic"
+    assert (run_dir / "export" / "final" / "model.safetensors").exists()
+    assert actor_processes_left() == []  # the cluster keeps running, the actors are gone

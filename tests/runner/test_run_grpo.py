@@ -1,0 +1,303 @@
+"""End to end through the `mtprun` console script on a local Ray instance, real vLLM and
+Megatron-core engines and a real MLflow store: an SFT warm start then GRPO, stopped with
+Ctrl-C (SIGINT) mid-run, resumed, and in the resumed attempt a rollout engine process is
+SIGKILLed (as the OOM killer would) and must be restarted with its prompts retried."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .cli_run import (
+    ENV,
+    MTPRUN,
+    RunRecord,
+    actor_processes_left,
+    finish,
+    free_port,
+    log_size,
+    start,
+    wait_for_log,
+    write_recipe,
+)
+
+pytestmark = pytest.mark.slow
+
+WARMSTART_STEPS, GRPO_STEPS = 2, 8
+TOTAL = WARMSTART_STEPS + GRPO_STEPS
+STOP_AFTER = 4  # SIGINT once step 4 (the second GRPO step) is logged
+
+
+def _recipe(run_dir: Path) -> dict:
+    return {
+        "name": "e2e-grpo",
+        "run_dir": str(run_dir),
+        "model": {
+            "tiny": {
+                "architecture": "qwen2",
+                "hidden": 64,
+                "layers": 2,
+                "heads": 2,
+                "kv_heads": 1,
+                "intermediate": 128,
+                "max_seq_len": 128,
+            }
+        },
+        "warmstart": {
+            "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 128},
+            "steps": WARMSTART_STEPS,
+            "lr": 1e-3,
+        },
+        "task": {
+            "name": "arithmetic",
+            "reward": "arithmetic",
+            "samples_per_prompt": 4,
+            "prompts_per_step": 4,
+        },
+        "losses": [{"kind": "grpo", "kl_coef": 0.01}, {"kind": "entropy"}],
+        "rollout": {"max_tokens": 8},
+        "trainer": {
+            "lr": 1e-4,
+            "steps": GRPO_STEPS,
+            "micro_batch_tokens": 512,
+            "checkpoint_every": 4,
+        },
+        "resources": {"num_cpus": 2},
+    }
+
+
+@pytest.fixture(scope="module")
+def grpo_run():
+    """Run, stop, resume (with an engine killed): the run folder and what each attempt did."""
+    # A short folder: Ray's Unix sockets live under <run_dir>/ray.
+    root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))
+    run_dir = root / "run"
+    recipe = write_recipe(root, _recipe(run_dir))
+    log_file = run_dir / "log.txt"
+
+    first = start(recipe, cwd=root)
+    wait_for_log(log_file, rf"DEBUG step {STOP_AFTER}:", first)
+    first.send_signal(signal.SIGINT)
+    first_code, first_out = finish(first)
+    first_status = RunRecord(run_dir).run.info.status
+
+    # In the resumed attempt, SIGKILL the rollout engine once a first step is logged.
+    since = log_size(log_file)
+    second = start("resume", run_dir, cwd=root)
+    ready = wait_for_log(log_file, r"rollout engines ready: pids \[(\d+)\]", second, since)
+    wait_for_log(log_file, r"DEBUG step \d+:", second, since)
+    engine_pid = int(ready.group(1))
+    os.kill(engine_pid, signal.SIGKILL)
+    second_code, second_out = finish(second)
+    yield {
+        "run_dir": run_dir,
+        "first": (first_code, first_out, first_status),
+        "second": (second_code, second_out),
+        "engine_pid": engine_pid,
+    }
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_ctrl_c_stops_cleanly_and_resume_completes_every_step_once(grpo_run):
+    code, out, status = grpo_run["first"]
+    assert code == 130, out
+    assert status == "KILLED"
+    assert "continue with: mtprun resume" in out
+    code, out = grpo_run["second"]
+    assert code == 0, out
+    record = RunRecord(grpo_run["run_dir"])
+    assert record.run.info.status == "FINISHED"
+    assert record.steps("train/loss") == list(range(1, TOTAL + 1))
+    assert record.steps("reward/mean") == list(range(WARMSTART_STEPS + 1, TOTAL + 1))
+    # The stop checkpointed the step it stopped after, and the resume started right there.
+    log = (grpo_run["run_dir"] / "log.txt").read_text()
+    stopped = int(log.split("stopped after step ")[1].split(";")[0])
+    assert f"resuming after step {stopped} " in log
+
+
+def test_killed_rollout_engine_is_restarted_and_its_prompts_retried(grpo_run):
+    log = (grpo_run["run_dir"] / "log.txt").read_text()
+    assert f"rollout engine 0 (pid {grpo_run['engine_pid']}) died" in log
+    assert "rollout engine 0 restarted (new pid" in log
+    record = RunRecord(grpo_run["run_dir"])
+    restarts = record.values("rollout/engine_restarts")
+    assert restarts[-1] == 1.0, restarts
+    # Every step, the ones after the kill included, trained on its episodes.
+    assert min(record.values("train/trained_tokens")) > 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(grpo_run["engine_pid"], 0)
+    assert actor_processes_left() == []  # nothing left running after the run
+
+
+def test_metrics_params_tags_and_artifacts_land_in_mlflow(grpo_run):
+    record = RunRecord(grpo_run["run_dir"])
+    metrics = record.run.data.metrics
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "response/length",
+        "train/trained_token_frac",
+        "train/tokens_per_s",
+        "rollout/tokens_per_s",
+        "time/rollout_s",
+        "time/train_s",
+        "time/sync_s",
+        "train/loss",
+        "train/grpo",
+        "train/grpo/clip_frac",
+        "train/grpo/kl",
+        "train/entropy",
+        "train/grad_norm",
+    ):
+        assert key in metrics, sorted(metrics)
+    assert 0.0 <= metrics["reward/mean"] <= 1.0
+    assert 0.0 < metrics["train/trained_token_frac"] < 1.0  # the prompt is never trained
+    params = record.run.data.params
+    assert params["task.name"] == "arithmetic"
+    assert params["losses.0.kind"] == "grpo"
+    tags = record.run.data.tags
+    plan = json.loads((grpo_run["run_dir"] / "plan.json").read_text())
+    from mtprun.compiler import HeadPlan
+
+    assert tags["mtprun.plan_hash"] == HeadPlan.from_json(json.dumps(plan)).hash
+    assert tags["mtprun.git_commit"] not in ("", "unknown")
+    assert Path(tags["mtprun.checkpoint"]).name == f"step_{TOTAL:06d}"
+    assert {"recipe.yaml", "plan.json", "plans", "samples"} <= record.artifacts()
+    samples = record.artifacts("samples")
+    assert f"samples/step_{TOTAL:06d}.txt" in samples
+
+
+def test_export_is_an_hf_folder_transformers_loads(grpo_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run_dir = grpo_run["run_dir"]
+    out = run_dir / "export" / "warmstart-end"
+    done = subprocess.run(
+        [*MTPRUN, "export", str(run_dir), "--step", str(WARMSTART_STEPS), "--out", str(out)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    saved = load_file(out / "model.safetensors")
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0)
+    ids = tokenizer("12+7=", return_tensors="pt").input_ids
+    logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], model.config.vocab_size)
+    assert torch.isfinite(logits).all()
+    # vLLM loaded this very folder: the GRPO stage's engines started from it.
+    source = run_dir / "checkpoints" / f"step_{WARMSTART_STEPS:06d}" / "hf"
+    log = (run_dir / "log.txt").read_text()
+    assert f"stage grpo: steps {WARMSTART_STEPS + 1}..{TOTAL} from {source}" in log
+    assert (source / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+    bad = subprocess.run(  # checkpoints: 2 (warm start end), 4, 8, the stop step, 10
+        [*MTPRUN, "export", str(run_dir), "--step", "9"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2
+    assert "no checkpoint for step 9" in bad.stderr
+    assert "available steps: 2, 4, " in bad.stderr
+
+
+def test_ui_serves_the_run_to_a_real_browser(grpo_run, chromium):
+    port = free_port()
+    ui = subprocess.Popen(
+        [*MTPRUN, "ui", str(grpo_run["run_dir"]), "--port", str(port)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        address = ui.stdout.readline().strip().rsplit(" ", 1)[-1]
+        assert address == f"http://127.0.0.1:{port}"
+        run_url = ui.stdout.readline().strip().rsplit(" ", 1)[-1]
+        _wait_healthy(address, ui)
+        record = RunRecord(grpo_run["run_dir"])
+        page = f"{address}/#/experiments/{record.run.info.experiment_id}/runs/{record.run_id}"
+        assert run_url.endswith(record.run_id)
+        dom = _rendered_dom(chromium, page)
+        assert "e2e-grpo" in dom
+        assert "reward/mean" in dom
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's chromium; installed with apt when missing (root only)."""
+    found = shutil.which("chromium")
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        apt = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update"], env=apt, check=True, capture_output=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
+            env=apt,
+            check=True,
+            capture_output=True,
+        )
+        found = shutil.which("chromium")
+    if found is None:
+        pytest.fail("chromium is missing: apt-get install -y --no-install-recommends chromium")
+    return found
+
+
+def _rendered_dom(chromium: str, url: str) -> str:
+    """The page's DOM after its scripts ran, from headless chromium."""
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    try:
+        done = subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-dev-shm-usage",
+                f"--user-data-dir={profile}",
+                "--virtual-time-budget=20000",
+                "--dump-dom",
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def _wait_healthy(address: str, server: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "mtprun ui exited before serving"
+        try:
+            with urllib.request.urlopen(f"{address}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"{address}/health did not answer in {timeout} s")
