@@ -161,3 +161,12 @@ def test_vocab_parallel_matches_one_process(tmp_path) -> None:
         shard = weight_grad.shape[0]
         expected = single_grads[1][rank * shard : (rank + 1) * shard]
         torch.testing.assert_close(weight_grad, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_second_backward_on_one_forward_is_refused() -> None:
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    batch = make_batch(2, 0.5, **SHAPE)
+    loss = head_loss_triton(batch["hidden"], batch["weight"], plan, **arguments(plan, batch)).loss
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()

@@ -111,6 +111,11 @@ class _PrecomputedGrads(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grads = ctx.grads
+        if grads is None:  # scaled in place below, so they serve one backward only
+            raise RuntimeError(
+                "head_loss backward ran twice on one forward: call head_loss again instead of "
+                "backward(retain_graph=True)"
+            )
         ctx.grads = None
         if float(grad_loss) != 1.0:
             for grad in grads:
