@@ -82,6 +82,9 @@ class MiMoMTPLayer(torch.nn.Module):
         return out, self.final_layernorm(out)
 
 
+MTP_PREFIX = "mtp_layers."  # parameter names of the MTP head
+
+
 class PolicyModel(GPTModel):
     """GPTModel with optional MiMo MTP layers under `mtp_layers.{i}.`."""
 

@@ -6,6 +6,7 @@ Megatron's optimizer wrapper needs CUDA, so the trainer uses torch.optim on ever
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -13,10 +14,52 @@ import torch.distributed as dist
 from mtprun.models.tp_layout import split_of
 from mtprun.spec.trainer import TrainerSection
 
+NamedParams = list[tuple[str, torch.nn.Parameter]]
 
-def build_optimizer(trainer: TrainerSection, model: torch.nn.Module) -> torch.optim.Optimizer:
+
+@dataclass
+class OptimizedGroup:
+    """Parameters stepped together: one optimizer, one lr schedule, one clipping norm."""
+
+    name: str
+    params: NamedParams
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def step(self, max_norm: float | None, tp_group: dist.ProcessGroup | None) -> float:
+        """Clip, step and advance the schedule; returns the norm before clipping."""
+        norm = clip_grads(self.params, max_norm, tp_group)
+        self.optimizer.step()
+        self.scheduler.step()
+        return norm
+
+
+def build_groups(
+    trainer: TrainerSection, model: torch.nn.Module, separate: dict[str, str] | None = None
+) -> list[OptimizedGroup]:
+    """The "policy" group of every trainable parameter, except that each name -> prefix of
+    `separate` takes the parameters under that prefix into a group of its own (e.g.
+    {"mtp": "mtp_layers."} gives the MTP head its own optimizer and clipping)."""
+    separate = separate or {}
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    taken = {n for n, _ in named for prefix in separate.values() if n.startswith(prefix)}
+    parts = {"policy": [(n, p) for n, p in named if n not in taken]}
+    for name, prefix in separate.items():
+        parts[name] = [(n, p) for n, p in named if n.startswith(prefix)]
+    groups = []
+    for name, params in parts.items():
+        optimizer = build_optimizer(trainer, params)
+        groups.append(OptimizedGroup(name, params, optimizer, build_scheduler(trainer, optimizer)))
+    return groups
+
+
+def build_optimizer(trainer: TrainerSection, named_params: NamedParams) -> torch.optim.Optimizer:
     """AdamW or SGD; weight decay only on matrices (not on norms and biases)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for _, p in named_params]
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": trainer.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
@@ -47,9 +90,7 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(trainer, step))
 
 
-def global_grad_norm(
-    named_params: list[tuple[str, torch.nn.Parameter]], tp_group: dist.ProcessGroup | None
-) -> torch.Tensor:
+def global_grad_norm(named_params: NamedParams, tp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """L2 norm of all gradients of the full (unsharded) model: squares of tensor-parallel
     shards are summed over the TP group, replicated tensors are counted once."""
     sharded = torch.zeros((), dtype=torch.float64)
@@ -68,7 +109,7 @@ def global_grad_norm(
 
 
 def clip_grads(
-    named_params: list[tuple[str, torch.nn.Parameter]],
+    named_params: NamedParams,
     max_norm: float | None,
     tp_group: dist.ProcessGroup | None,
 ) -> float:

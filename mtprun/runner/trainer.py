@@ -23,8 +23,8 @@ from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.models import ModelDims, hf_to_megatron, megatron_to_hf
 from mtprun.models.tp_layout import gather_state_dict
-from mtprun.runner.megatron_model import PolicyModel, load_megatron_weights
-from mtprun.runner.optim import build_optimizer, build_scheduler, clip_grads
+from mtprun.runner.megatron_model import MTP_PREFIX, PolicyModel, load_megatron_weights
+from mtprun.runner.optim import build_groups
 from mtprun.runner.parallel import init_parallel
 from mtprun.spec.recipe import Recipe
 
@@ -74,8 +74,9 @@ class Trainer:
         hf = read_hf_weights(Path(model_dir))
         weights = hf_to_megatron(hf, self.dims, tp_rank, self.tp_size, source=str(model_dir))
         load_megatron_weights(self.model, weights)
-        self.optimizer = build_optimizer(recipe.trainer, self.model)
-        self.scheduler = build_scheduler(recipe.trainer, self.optimizer)
+        mtp = plan.term("mtp")
+        separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
+        self.groups = build_groups(recipe.trainer, self.model, separate)
         self.step = 0
         self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
 
@@ -86,12 +87,15 @@ class Trainer:
         all data-parallel replicas, and replica gradients are summed, so the step equals one
         process training on every micro batch: the token-mean over the whole step. Returns
         the loss, every metric of the plan (same weighting), grad_norm (before clipping), lr
-        (of this step), tokens and trained_tokens (of the whole step).
+        (of this step), tokens and trained_tokens (of the whole step). With
+        `mtp.separate_optimizer` the MTP layers are clipped and stepped on their own, and
+        grad_norm is the policy's alone (the MTP head's is mtp/grad_norm).
         """
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        for group in self.groups:
+            group.optimizer.zero_grad(set_to_none=True)
         trained = [int(mb.loss_mask.sum()) for mb in micro_batches]
         tokens, total = self._sum_over_data_parallel(
             [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
@@ -107,16 +111,14 @@ class Trainer:
             for name, value in out.metrics.items():
                 sums[name] += share * float(value)
         self._sum_data_parallel_grads()
-        params = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        grad_norm = clip_grads(params, self.recipe.trainer.grad_clip, self.tp_group)
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
+        lr = self.groups[0].lr
+        norms = {g.name: g.step(self.recipe.trainer.grad_clip, self.tp_group) for g in self.groups}
         self.step += 1
         summed = self._sum_over_data_parallel(list(sums.values()))
         metrics = dict(zip(sums, summed, strict=True))
-        counts = {"tokens": tokens, "trained_tokens": total}
-        return {**metrics, "grad_norm": grad_norm, "lr": lr, **counts}
+        metrics["grad_norm"] = norms.pop("policy")
+        metrics.update({f"{name}/grad_norm": norm for name, norm in norms.items()})
+        return {**metrics, "lr": lr, "tokens": tokens, "trained_tokens": total}
 
     @torch.no_grad()
     def logprobs(self, batch: PackedBatch) -> torch.Tensor:
@@ -137,15 +139,22 @@ class Trainer:
         Like torch's state_dict it references live tensors: save or copy it before stepping."""
         return {
             "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            "optimizers": {g.name: g.optimizer.state_dict() for g in self.groups},
+            "schedulers": {g.name: g.scheduler.state_dict() for g in self.groups},
             "step": self.step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = sorted(state["optimizers"])
+        if saved != sorted(g.name for g in self.groups):
+            raise ValueError(
+                f"the checkpoint has optimizers {saved} but this recipe makes "
+                f"{[g.name for g in self.groups]}; was mtp.separate_optimizer changed?"
+            )
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        for group in self.groups:
+            group.optimizer.load_state_dict(state["optimizers"][group.name])
+            group.scheduler.load_state_dict(state["schedulers"][group.name])
         self.step = int(state["step"])
 
     def _head_loss(self, batch: PackedBatch, plan: HeadPlan) -> HeadLossOutput:

@@ -132,6 +132,31 @@ def test_mtp_draft_loss_never_reaches_the_trunk(megatron_tp1, tiny_mimo_dir):
     assert float(updates["ce"]["mtp_layers.0.input_proj.weight"].abs().max()) == 0
 
 
+def test_separate_mtp_optimizer_leaves_the_policy_step_unchanged(megatron_tp1, tiny_mimo_dir):
+    runs = {}
+    plans = {
+        "ce": [{"kind": "ce"}],
+        "ce+mtp": [{"kind": "ce"}, {"kind": "mtp", "separate_optimizer": True}],
+        "ce+mtp shared": [{"kind": "ce"}, {"kind": "mtp"}],
+    }
+    for name, losses in plans.items():
+        recipe = make_recipe(tiny_mimo_dir, losses=losses, trainer={"lr": 1e-2, "grad_clip": 0.1})
+        trainer = Trainer(recipe, tiny_mimo_dir, compile_recipe(recipe), "cpu")
+        batches = _batches(trainer.dims.vocab, seed=9)
+        runs[name] = [trainer.train_step(batches) for _ in range(2)], trainer.state_dict()
+    (plain, plain_state), (separate, separate_state) = runs["ce"], runs["ce+mtp"]
+    for step_plain, step_separate in zip(plain, separate, strict=True):
+        assert step_separate["grad_norm"] == step_plain["grad_norm"]
+        assert step_separate["mtp/grad_norm"] > 0
+    for name, tensor in plain_state["model"].items():
+        if not name.startswith("mtp_layers.") and isinstance(tensor, torch.Tensor):
+            assert torch.equal(separate_state["model"][name], tensor), name
+    assert sorted(separate_state["optimizers"]) == ["mtp", "policy"]
+    # Sharing one optimizer, the MTP gradients enter the policy's norm and clipping.
+    shared, _ = runs["ce+mtp shared"]
+    assert shared[0]["grad_norm"] > plain[0]["grad_norm"]
+
+
 def test_lr_schedule_warms_up_then_decays():
     cosine = TrainerSection(lr=1.0, warmup_steps=2, steps=6, schedule="cosine")
     assert [round(lr_factor(cosine, s), 6) for s in range(7)] == [
