@@ -2,8 +2,9 @@
 
 One Trainer lives in each trainer process. With tensor parallelism each process holds its
 shards and the head loss runs vocab-parallel over the TP group; every process of a TP group
-gets the same micro batches. Data-parallel replicas get different micro batches and average
-their gradients before the optimizer step.
+gets the same micro batches. Data-parallel replicas get different micro batches; each micro
+batch is weighted by its share of the step's trained tokens and replica gradients are summed,
+so a step over N replicas equals one process stepping over all of their micro batches.
 """
 
 from __future__ import annotations
