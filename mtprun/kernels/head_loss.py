@@ -71,6 +71,8 @@ def head_loss(
         return head_loss_triton(hidden, weight, plan, **per_token, tp_group=tp_group)
     tp_rank, tp_size = (0, 1) if tp_group is None else (tp_group.rank(), tp_group.size())
     inputs = validate(plan, hidden, weight, **per_token, tp_rank=tp_rank, tp_size=tp_size)
+    if tp_size == 1:
+        tp_group = None  # a group of one exchanges nothing; keep the one-pass schedule
     groups = row_groups(plan, inputs)
     engine = TorchHeadEngine(plan, inputs, groups, chunking or Chunking(), tp_group)
     loss, logprobs, metrics = FusedHeadLoss.apply(engine, hidden, weight, *inputs.mtp_hidden)
