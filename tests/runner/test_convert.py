@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
 from mtprun.models import ModelDims, build_tiny_model, hf_to_megatron, megatron_to_hf
@@ -41,7 +41,7 @@ def test_fused_qkv_is_laid_out_per_query_group():
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_mimo_dir", "tied_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_mimo_dir", "tied_dir", "llama_dir"])
 def test_round_trip_through_tp_shards_is_exact(request, fixture, tp):
     folder = request.getfixturevalue(fixture)
     dims = ModelDims.from_model_dir(folder)
@@ -80,6 +80,19 @@ def test_mismatched_checkpoints_are_refused(tiny_qwen2_dir, tiny_mimo_dir):
 
 
 @pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A random-init Llama (no q/k/v biases) saved by transformers itself."""
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )  # fmt: skip
+    torch.manual_seed(5)
+    folder = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
 def tied_dir(tmp_path_factory, tokenizer):
     spec = TinyModel(tie_embeddings=True, **TINY)
     return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("tied"), seed=4)
@@ -94,7 +107,7 @@ def _megatron_model(folder):
     return model.eval()
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tied_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tied_dir", "llama_dir"])
 def test_megatron_logits_equal_transformers_logits(request, megatron_tp1, fixture):
     folder = request.getfixturevalue(fixture)
     model = _megatron_model(folder)
