@@ -28,6 +28,9 @@ from mtprun.kernels.online_stats import PartialStats, StatsSpec, finalize, merge
 from mtprun.losses import GradCoeffs, RowInputs, RowStats
 
 _FLOAT32_BYTES = 4
+# [rows x tile] float32 buffers alive at once: z - max, exp(z - max) and a temporary of the
+# gradient; a dense teacher adds its logits and their exp.
+_STUDENT_BUFFERS, _TEACHER_BUFFERS = 3, 2
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,14 @@ class Chunking:
                     least `min_rows` rows fits the budget (one-pass schedule), else the
                     widest tile that does.
     rows_per_chunk: rows per chunk; None fills the budget.
+    min_rows:       fewest rows per chunk the automatic layout accepts: every chunk streams
+                    the whole weight through each GEMM, so tiny chunks are memory-bound.
     """
 
     memory_budget: int = 64 * 2**20
     vocab_tile: int | None = None
     rows_per_chunk: int | None = None
-    min_rows: int = 32
+    min_rows: int = 128
 
     def __post_init__(self) -> None:
         for name in ("memory_budget", "vocab_tile", "rows_per_chunk", "min_rows"):
@@ -114,7 +119,8 @@ class TorchHeadEngine:
         self.runs = []
         for group in groups:
             spec = StatsSpec.of(group)
-            rows, tile = chunking.layout(local_vocab, 5 if spec.teacher_dense else 3)
+            buffers = _STUDENT_BUFFERS + (_TEACHER_BUFFERS if spec.teacher_dense else 0)
+            rows, tile = chunking.layout(local_vocab, buffers)
             self.runs.append(
                 _GroupRun(
                     group=group,

@@ -150,7 +150,7 @@ def test_library_api_as_documented():
     ("budget", "vocab", "expected"),
     [
         (64 * 2**20, 32000, (174, 32000)),  # one pass: 174 rows x the whole vocab fit
-        (2**20, 32000, (32, 2730)),  # two passes: the widest tile for min_rows rows
+        (2**20, 32000, (128, 682)),  # two passes: the widest tile for min_rows rows
     ],
 )
 def test_chunking_layout_follows_the_memory_budget(budget, vocab, expected):
