@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ class Problem:
     weight: torch.Tensor
     mtp_hidden: list[torch.Tensor]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
 
     def leaves(self) -> list[torch.Tensor]:
         return [self.hidden, self.weight, *self.mtp_hidden]
@@ -30,9 +32,9 @@ class Problem:
         hidden, weight, *mtp = (
             t.detach().to(dtype or t.dtype).requires_grad_() for t in self.leaves()
         )
-        return Problem(self.plan, hidden, weight, mtp, dict(self.kwargs))
+        return Problem(self.plan, hidden, weight, mtp, dict(self.kwargs), self.seed)
 
-    def call(self, fn, **extra: Any) -> HeadLossOutput:
+    def call(self, fn: Callable[..., HeadLossOutput], **extra: Any) -> HeadLossOutput:
         kwargs = dict(self.kwargs, **extra)
         if self.mtp_hidden:
             kwargs["mtp_hidden"] = self.mtp_hidden
@@ -51,9 +53,12 @@ def make_problem(
     plan_options: dict[str, Any] | None = None,
     seed: int | None = None,
 ) -> Problem:
-    """Fresh random inputs (seeded from the OS unless `seed` is given)."""
+    """Fresh random inputs, seeded from the OS unless `seed` is given (failures name the seed
+    to pass here to reproduce them)."""
     gen = torch.Generator()
-    gen.manual_seed(seed) if seed is not None else gen.seed()
+    if seed is None:
+        seed = gen.seed()
+    gen.manual_seed(seed)
     plan = HeadPlan.from_losses(terms, **(plan_options or {}))
 
     def randn(*shape: int) -> torch.Tensor:
@@ -76,7 +81,7 @@ def make_problem(
         kwargs["teacher_hidden"] = torch.randn(rows, 8, generator=gen).to(dtype)
         kwargs["teacher_weight"] = torch.randn(vocab, 8, generator=gen).to(dtype)
     mtp = [randn(rows, hidden_size) for _ in plan.mtp_depths]
-    return Problem(plan, randn(rows, hidden_size), randn(vocab, hidden_size), mtp, kwargs)
+    return Problem(plan, randn(rows, hidden_size), randn(vocab, hidden_size), mtp, kwargs, seed)
 
 
 def assert_matches_reference(
@@ -91,10 +96,11 @@ def assert_matches_reference(
     (max error over max magnitude)."""
     assert set(out.metrics) == set(problem.plan.metrics)
     assert set(ref.metrics) <= set(out.metrics)
-    _close("loss", out.loss, ref.loss)
+    where = f"(make_problem seed={problem.seed})"
+    _close(f"loss {where}", out.loss, ref.loss)
     for name, value in ref.metrics.items():
-        _close(f"metric {name}", out.metrics[name], value)
-    _close("logprobs", out.logprobs, ref.logprobs)
+        _close(f"metric {name} {where}", out.metrics[name], value)
+    _close(f"logprobs {where}", out.logprobs, ref.logprobs)
     (out.loss * 1.7).backward()  # a grad_output other than 1 checks the backward scaling
     (ref.loss * 1.7).backward()
     names = ["hidden", "weight", *(f"mtp_hidden[{i}]" for i in range(len(problem.mtp_hidden)))]
@@ -104,7 +110,9 @@ def assert_matches_reference(
         assert ours.grad.dtype == ours.dtype, f"grad of {name} has dtype {ours.grad.dtype}"
         error = (ours.grad.double() - expected).abs().max()
         scale = expected.abs().max().clamp(min=1e-6)
-        assert error <= grad_tol * scale, f"grad {name}: max error {error:.3g} vs max {scale:.3g}"
+        assert error <= grad_tol * scale, (
+            f"grad {name} {where}: max error {error:.3g} vs max {scale:.3g}"
+        )
 
 
 def _close(name: str, ours: torch.Tensor, expected: torch.Tensor) -> None:
