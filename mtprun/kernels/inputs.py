@@ -376,8 +376,11 @@ def _check_cu_seqlens(
 
 
 def _check_finite(group: RowGroup) -> None:
+    finite_rows = torch.isfinite(group.student).all(dim=1)
+    if bool(finite_rows.all()):  # the common case, without gathering the rows
+        return
     rows = group.rows[group.valid]
-    bad = ~torch.isfinite(group.student[rows]).all(dim=1)
+    bad = ~finite_rows[rows]
     if bool(bad.any()):
         source = "hidden" if group.name == "policy" else f"mtp_hidden[{group.head - 1}]"
         first = int(rows[bad][0])
