@@ -30,7 +30,8 @@ def head_loss(
     teacher_weight: torch.Tensor | None = None,
     chunking: Chunking | None = None,
 ) -> HeadLossOutput:
-    """Every loss term of `plan` in one pass over the vocab, without a [N, V] logits tensor.
+    """Every loss term of `plan` from one statistics pass over the vocab, without a [N, V]
+    logits tensor.
 
     hidden:        [N, H] final hidden states (float32 or bfloat16), row t predicts targets[t].
     weight:        [V, H] output-layer weight; with tp_group this rank's vocab shard
@@ -64,7 +65,7 @@ def head_loss(
         "teacher_hidden": teacher_hidden,
         "teacher_weight": teacher_weight,
     }
-    if hidden.is_cuda:
+    if isinstance(hidden, torch.Tensor) and hidden.is_cuda:
         # Imported here so that CPU-only installs never import triton.
         from mtprun.kernels.triton import head_loss_triton
 
