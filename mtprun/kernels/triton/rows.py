@@ -54,6 +54,10 @@ WEIGHT_COLUMNS = ("ce", "z_loss", "grpo", "entropy", "soft_ce", "plain")
 NUM_STATS = len(STATS_COLUMNS)
 NUM_VALUES = len(VALUE_COLUMNS)
 NUM_WEIGHTS = len(WEIGHT_COLUMNS)
+# The same numbers as the kernel reads them (row strides of the three buffers).
+_STATS_STRIDE = tl.constexpr(NUM_STATS)
+_VALUES_STRIDE = tl.constexpr(NUM_VALUES)
+_WEIGHTS_STRIDE = tl.constexpr(NUM_WEIGHTS)
 
 
 @triton.jit
@@ -123,7 +127,7 @@ def head_rows_kernel(
     """
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
-    stats = stats_ptr + row * 9
+    stats = stats_ptr + row * _STATS_STRIDE
     offs = tl.arange(0, BLOCK_V)
     target_local = tl.load(targets_ptr + row) - vocab_offset
     owns_target = (target_local >= 0) & (target_local < vocab_local)
@@ -177,8 +181,8 @@ def head_rows_kernel(
     lse = m + tl.log(s)
     logp = target_logit - lse
     entropy = lse - sum_ez / s
-    values = values_ptr + row * 9
-    weights = weights_ptr + row * 6
+    values = values_ptr + row * _VALUES_STRIDE
+    weights = weights_ptr + row * _WEIGHTS_STRIDE
     tl.store(values + 0, logp)
     tl.store(values + 1, entropy)
     tl.store(values + 2, lse)
