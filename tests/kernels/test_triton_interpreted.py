@@ -170,3 +170,11 @@ def test_second_backward_on_one_forward_is_refused() -> None:
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
+
+
+def test_float32_teacher_for_a_bfloat16_student() -> None:
+    plan = HeadPlan.from_losses(PLANS["distill"])
+    batch = make_batch(3, 0.6, dtype=torch.bfloat16, **SHAPE)
+    batch["teacher_hidden"] = batch["teacher_hidden"].float()
+    batch["teacher_weight"] = batch["teacher_weight"].float()
+    assert_matches_reference(head_loss_triton, plan, batch, 3e-2)

@@ -83,7 +83,9 @@ def run_chunks(
     groups = [policy, *drafts]
     n_buffers = len(groups) + (teacher_hidden is not None)
     rows = chunk_rows(policy.num_rows, vocab_local, weight.element_size(), n_buffers, chunk_bytes)
-    buffers = [weight.new_empty(rows, vocab_local) for _ in range(n_buffers)]
+    buffers = [weight.new_empty(rows, vocab_local) for _ in groups]
+    if teacher_weight is not None:  # the teacher may run in another dtype
+        buffers.append(teacher_weight.new_empty(rows, vocab_local))
     bounds = [*range(0, policy.num_rows, rows), policy.num_rows]
     draft_bounds = [
         torch.searchsorted(pos, torch.tensor(bounds, device=pos.device)).tolist()
