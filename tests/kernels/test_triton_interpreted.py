@@ -44,7 +44,7 @@ def _small_tiles(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("name", "active"), [*((name, 0.6) for name in sorted(PLANS)), ("sft", 1.0), ("mtp_soft", 1.0)]
+    ("name", "active"), [*((name, 0.6) for name in sorted(PLANS)), ("sft", 1.0)]
 )
 def test_matches_reference_float32(name: str, active: float) -> None:
     plan = HeadPlan.from_losses(PLANS[name])
