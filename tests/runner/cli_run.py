@@ -71,18 +71,26 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def actor_processes_left(grace_s: float = 30) -> list[str]:
-    """Live Ray worker processes of mtprun actors, after giving exiting ones `grace_s`."""
+_ACTOR_PIDS = re.compile(r"ready: (?:\d+ rank\(s\), )?pids \[([\d, ]+)\]|new pid (\d+)")
+
+
+def actor_pids(log: str) -> set[int]:
+    """Process ids of every actor the run's log reports (trainer ranks, engines, restarts)."""
+    pids: set[int] = set()
+    for found in re.finditer(
+        r"(?:ready: (?:\d+ rank\(s\), )?pids \[([\d, ]+)\]|new pid (\d+))", log
+    ):
+        pids.update(int(p) for p in (found.group(1) or found.group(2)).split(", "))
+    return pids
+
+
+def still_running(pids: set[int], grace_s: float = 30) -> set[int]:
+    """The processes of `pids` still alive after giving exiting ones `grace_s`."""
     deadline = time.monotonic() + grace_s
     while True:
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True)
-        left = [
-            line
-            for line in ps.stdout.splitlines()
-            if line.startswith(("ray::TrainerWorker", "ray::RolloutWorker"))
-        ]
-        if not left or time.monotonic() > deadline:
-            return left
+        alive = {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+        if not alive or time.monotonic() > deadline:
+            return alive
         time.sleep(1)
 
 

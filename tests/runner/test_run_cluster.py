@@ -14,10 +14,11 @@ import pytest
 from .cli_run import (
     ENV,
     RunRecord,
-    actor_processes_left,
+    actor_pids,
     finish,
     free_port,
     start,
+    still_running,
     write_recipe,
 )
 
@@ -102,4 +103,4 @@ def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
     assert losses[-1] < losses[0], losses  # it learns
     assert record.run.data.params["data.source"] == "arithmetic"
     assert (run_dir / "export" / "final" / "model.safetensors").exists()
-    assert actor_processes_left() == []  # the cluster keeps running, the actors are gone
+    assert actor_pids(log) and still_running(actor_pids(log)) == set()  # the cluster keeps running

@@ -23,11 +23,12 @@ from .cli_run import (
     ENV,
     MTPRUN,
     RunRecord,
-    actor_processes_left,
+    actor_pids,
     finish,
     free_port,
     log_size,
     start,
+    still_running,
     wait_for_log,
     write_recipe,
 )
@@ -135,9 +136,9 @@ def test_killed_rollout_engine_is_restarted_and_its_prompts_retried(grpo_run):
     assert restarts[-1] == 1.0, restarts
     # Every step, the ones after the kill included, trained on its episodes.
     assert min(record.values("train/trained_tokens")) > 0
-    with pytest.raises(ProcessLookupError):
-        os.kill(grpo_run["engine_pid"], 0)
-    assert actor_processes_left() == []  # nothing left running after the run
+    pids = actor_pids(log)
+    assert grpo_run["engine_pid"] in pids and len(pids) >= 3  # trainer, engine, restarted engine
+    assert still_running(pids) == set()  # nothing left running after the run
 
 
 def test_metrics_params_tags_and_artifacts_land_in_mlflow(grpo_run):
