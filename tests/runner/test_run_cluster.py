@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -30,30 +33,49 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """`ray start --head` on 127.0.0.1 with its own short temp folder; stopped afterwards."""
+    """`ray start --head --block` on 127.0.0.1 with its own short temp folder, in its own
+    process group; stopping that group stops exactly this cluster (`ray stop` would stop
+    every Ray instance on the machine)."""
     temp = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))
-    port = free_port()
-    started = subprocess.run(
+    address = f"127.0.0.1:{free_port()}"
+    head = subprocess.Popen(
         [
             RAY,
             "start",
             "--head",
+            "--block",
             "--node-ip-address=127.0.0.1",
-            f"--port={port}",
+            f"--port={address.rsplit(':', 1)[1]}",
             "--num-cpus=2",
             "--include-dashboard=false",
             f"--temp-dir={temp}",
             "--disable-usage-stats",
         ],
         env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=180,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
-    assert started.returncode == 0, started.stdout + started.stderr
-    yield f"127.0.0.1:{port}"
-    subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True, timeout=120)
-    shutil.rmtree(temp, ignore_errors=True)
+    try:
+        _wait_for_cluster(address, head)
+        yield address
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _wait_for_cluster(address: str, head: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert head.poll() is None, "ray start --head exited"
+        status = subprocess.run(
+            [RAY, "status", f"--address={address}"], env=ENV, capture_output=True, timeout=60
+        )
+        if status.returncode == 0:
+            return
+        time.sleep(2)
+    raise AssertionError(f"the Ray head at {address} did not come up in {timeout} s")
 
 
 def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
