@@ -142,7 +142,10 @@ class RolloutEngine:
 
     def spec_decode_counters(self) -> dict[str, float]:
         """vLLM's cumulative speculative-decoding counters (difference them per step):
-        num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos/{i}."""
+        num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos/{i}.
+        Empty without speculative decoding (the engine then keeps no statistics)."""
+        if self.rollout.speculative is None:
+            return {}
         counters: dict[str, float] = {}
         for metric in self.llm.get_metrics():
             if not metric.name.startswith(_SPEC_DECODE_PREFIX):

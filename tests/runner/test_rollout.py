@@ -68,9 +68,11 @@ def test_weight_sync_moves_greedy_outputs_to_the_new_weights(
         new_dir = _retrained(tokenizer, tmp_path, "qwen2")
         seconds = engine.update_weights(load_file(new_dir / "model.safetensors").items())
         after = engine.generate(prompts, n=1)
+        counters = engine.spec_decode_counters()
     finally:
         engine.shutdown()
     assert seconds > 0
+    assert counters == {}
     assert [s[0].token_ids for s in after] != [s[0].token_ids for s in before]
     _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
     with pytest.raises(ValueError, match="at least one sample"):
