@@ -196,6 +196,16 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
         trainer.train_step([broken])
 
 
+def test_init_parallel_refuses_a_layout_that_does_not_match_the_processes():
+    from mtprun.runner.parallel import init_parallel
+    from mtprun.spec.parallel import ParallelSection
+
+    with pytest.raises(ValueError, match=r"tp\*pp\*cp\*dp = 4"):
+        init_parallel(ParallelSection(tp=2, dp=2), 0, 2, "127.0.0.1", free_port())
+    with pytest.raises(ValueError, match=r"outside 0\.\.1"):
+        init_parallel(ParallelSection(tp=2), 2, 2, "127.0.0.1", free_port())
+
+
 # --- tensor and data parallelism: two gloo processes against one ------------------------
 
 TP_LOSSES = [
