@@ -33,6 +33,17 @@ def stop_actors(actors: list[Any], timeout_s: float = 60) -> None:
         ray.kill(actor, no_restart=True)
 
 
+def torch_threads(resources: Any, actors_at_once: int) -> int | None:
+    """CPU threads per actor. On CPU the trainer and the engines take turns, so each may use
+    the cluster's cores; with GPUs torch's default stands."""
+    import ray
+
+    if resources.gpus_per_actor > 0:
+        return None
+    cpus = min(os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1)))
+    return max(1, cpus // max(1, actors_at_once))
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))

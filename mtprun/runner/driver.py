@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import traceback
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import ray
 from rich.console import Console
@@ -25,7 +24,6 @@ from rich.console import Console
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
 from mtprun.runner import checkpoint
-from mtprun.runner.actors import RolloutWorker, TrainerWorker
 from mtprun.runner.episodes import EpisodeCollector
 from mtprun.runner.export import export_checkpoint
 from mtprun.runner.progress import RunProgress, summary_line
@@ -33,6 +31,7 @@ from mtprun.runner.rollout_pool import RolloutPool
 from mtprun.runner.run_dir import RunDir
 from mtprun.runner.sft_source import SftSource
 from mtprun.runner.stages import Stage, plan_stages
+from mtprun.runner.steps import StepResult, grpo_step, sft_step
 from mtprun.runner.stop import StopRequest
 from mtprun.runner.tracking import Tracker
 from mtprun.runner.trainer_group import TrainerGroup
@@ -47,7 +46,6 @@ _SUMMARY = {
     "response/length": "length",
     "time/step_s": "s/step",
 }
-_ROLLOUT_MAX_RESTARTS = 3
 
 
 class Driver:
@@ -64,6 +62,7 @@ class Driver:
         self.saved_step = 0  # last checkpointed global step
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
+        self._logged_until = 0  # the newest step MLflow has metrics for (set on resume)
 
     # ---- the attempt ---------------------------------------------------------------------
 
@@ -100,6 +99,7 @@ class Driver:
         self.tracker.set_tags({"mtprun.export": str(final)})
         self.tracker.finish("FINISHED")
         log.info("finished %d steps; policy exported to %s", self.step, final)
+        log.info("see the run in MLflow: mtprun ui %s", self.run_dir.root)
         return EXIT_OK
 
     def _fail(self, err: BaseException) -> int:
@@ -191,10 +191,40 @@ class Driver:
             stage.last_step,
             resume_from or start_dir,
         )
-        self.trainer = self.trainer or self._start_trainer()
-        grpo = stage.plan.term("grpo")
-        with_reference = grpo is not None and grpo.kl_coef > 0
-        self.trainer.build(stage.recipe, str(start_dir), stage.plan.to_json(), with_reference)
+        self._prepare_trainer(stage, start_dir, resume_from)
+        if stage.kind == "grpo":
+            policy_dir = resume_from / "hf" if resume_from else start_dir
+            self.pool = RolloutPool.start(self.recipe, policy_dir, self.run_dir.vllm_dir)
+            log.info("rollout engines ready: pids %s", self.pool.pids)
+            collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
+            run_step = partial(grpo_step, self.trainer, self.pool, collector, stage)
+        else:
+            run_step = partial(sft_step, self.trainer, SftSource(stage.recipe, start_dir), stage)
+        bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
+        every = self.recipe.trainer.checkpoint_every
+        while self.step < stage.last_step and not self.stop.requested:
+            step = self.step + 1
+            result = run_step(step)
+            self._commit(step, result)
+            progress.step_done(bar, summary_line(step, result.metrics, _SUMMARY))
+            if every and step % every == 0:
+                self._save()
+        self._save()  # stage end, or a graceful stop: the next attempt continues right here
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def _prepare_trainer(self, stage: Stage, start_dir: Path, resume_from: Path | None) -> None:
+        """The stage's Trainer in the (once started) trainer actors, at the checkpoint's state
+        when the stage is resumed."""
+        if self.trainer is None:  # started once, reused by every stage
+            self.trainer = TrainerGroup.start(self.recipe)
+            log.info(
+                "trainer ready: %d rank(s), pids %s", len(self.trainer.pids), self.trainer.pids
+            )
+        self.trainer.build(
+            stage.recipe, str(start_dir), stage.plan.to_json(), stage.needs_reference
+        )
         if resume_from is not None:
             trained = self.trainer.load(str(resume_from))
             if trained != self.step - stage.offset:
@@ -203,29 +233,6 @@ class Driver:
                     f"driver.json says global step {self.step} (stage {stage.name} starts after "
                     f"{stage.offset}); the checkpoint is inconsistent: resume from an earlier one"
                 )
-        collector = None
-        if stage.kind == "grpo":
-            policy_dir = resume_from / "hf" if resume_from else start_dir
-            self._start_rollouts(stage, policy_dir)
-            collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
-        sft = SftSource(stage.recipe, start_dir) if stage.kind == "sft" else None
-        bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
-        every = self.recipe.trainer.checkpoint_every
-        while self.step < stage.last_step and not self.stop.requested:
-            step = self.step + 1
-            metrics, samples = (
-                self._grpo_step(stage, collector, step)
-                if collector
-                else self._sft_step(stage, sft, step)
-            )
-            self._commit(step, metrics, samples)
-            progress.step_done(bar, summary_line(step, metrics, _SUMMARY))
-            if every and step % every == 0:
-                self._save()
-        self._save()  # stage end, or a graceful stop: the next attempt continues right here
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
 
     def _stage_start_dir(self, stage: Stage) -> Path:
         """The HF folder the stage starts from: the model, or the previous stage's result."""
@@ -233,114 +240,18 @@ class Driver:
             return self.run_dir.model_dir
         return checkpoint.step_dir(self.run_dir.checkpoints, stage.offset) / "hf"
 
-    def _start_trainer(self) -> TrainerGroup:
-        """The trainer ranks, started once per attempt and reused by every stage."""
-        res, par = self.recipe.resources, self.recipe.parallel
-        world = par.tp * par.pp * par.cp * par.dp
-        remote = ray.remote(TrainerWorker).options(
-            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=0
-        )
-        threads = self._torch_threads(world)
-        actors = [remote.remote(rank, world, threads) for rank in range(world)]
-        group = TrainerGroup(actors, par, self.recipe.seed)
-        log.info("trainer ready: %d rank(s), pids %s", world, group.pids)
-        return group
-
-    def _start_rollouts(self, stage: Stage, policy_dir: Path) -> None:
-        res = self.recipe.resources
-        count = self.recipe.rollout.num_engines
-        remote = ray.remote(RolloutWorker).options(
-            num_cpus=res.cpus_per_actor,
-            num_gpus=res.gpus_per_actor,
-            max_restarts=_ROLLOUT_MAX_RESTARTS,
-        )
-        threads = self._torch_threads(count)
-        actors = [
-            remote.remote(
-                str(policy_dir),
-                self.recipe.rollout,
-                self.recipe.seed + i,
-                str(self.run_dir.vllm_dir / f"engine{i}"),
-                threads,
-            )
-            for i in range(count)
-        ]
-        self.pool = RolloutPool(actors, max_retries=_ROLLOUT_MAX_RESTARTS)
-        log.info("rollout engines ready: pids %s", self.pool.pids)
-
-    def _torch_threads(self, actors_at_once: int) -> int | None:
-        """On CPU the trainer and the engines take turns, so each may use the node's cores."""
-        if self.recipe.resources.gpus_per_actor > 0:
-            return None
-        cpus = min(os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1)))
-        return max(1, cpus // max(1, actors_at_once))
-
     def _stop_engines(self) -> None:
         for engines in (self.pool, self.trainer):
             if engines is not None:
                 engines.shutdown()
         self.pool = self.trainer = None
 
-    # ---- steps ---------------------------------------------------------------------------
-
-    def _sft_step(self, stage: Stage, sft: SftSource, step: int) -> tuple[dict, str]:
-        start = time.perf_counter()
-        batches = sft.batches(step - stage.offset)
-        metrics = _prefixed("train", self.trainer.train_step(batches))
-        seconds = time.perf_counter() - start
-        tokens = sum(b.num_tokens for b in batches)
-        metrics.update(
-            {
-                "time/train_s": seconds,
-                "time/step_s": seconds,
-                "train/tokens_per_s": tokens / seconds,
-                "train/trained_token_frac": _trained_fraction(batches),
-            }
-        )
-        return metrics, ""
-
-    def _grpo_step(self, stage: Stage, collector: EpisodeCollector, step: int) -> tuple[dict, str]:
-        start = time.perf_counter()
-        episodes = collector.collect(step)
-        rollout_s = time.perf_counter() - start
-        batches = collector.pack(
-            episodes, stage.recipe.mask, stage.recipe.trainer.micro_batch_tokens
-        )
-        metrics = episodes.metrics(rollout_s)
-        if self.recipe.rollout.speculative is not None:
-            metrics.update(self.pool.spec_decode_step())
-        tick = time.perf_counter()
-        if stage.plan.term("grpo").kl_coef > 0:
-            for batch, ref in zip(
-                batches, self.trainer.logprobs(batches, reference=True), strict=True
-            ):
-                batch.ref_logprobs = ref
-        metrics.update(_prefixed("train", self.trainer.train_step(batches)))
-        train_s = time.perf_counter() - tick
-        tick = time.perf_counter()
-        engine_sync_s = self.pool.update_weights(self.trainer.weights_ref())
-        sync_s = time.perf_counter() - tick
-        tokens = sum(b.num_tokens for b in batches)
-        metrics.update(
-            {
-                "time/rollout_s": rollout_s,
-                "time/train_s": train_s,
-                "time/sync_s": sync_s,
-                "time/engine_sync_s": engine_sync_s,
-                "time/step_s": time.perf_counter() - start,
-                "train/tokens_per_s": tokens / train_s,
-                "train/trained_token_frac": _trained_fraction(batches),
-                "rollout/engine_restarts": float(self.pool.restarts),
-            }
-        )
-        return metrics, episodes.sample_text(limit=8)
-
-    def _commit(self, step: int, metrics: dict[str, float], samples: str) -> None:
+    def _commit(self, step: int, result: StepResult) -> None:
         if step > self._logged_until:
-            self.tracker.log_metrics(step, metrics)
-            if samples:
-                self.tracker.log_text(samples, f"samples/step_{step:06d}.txt")
-        log.debug("step %d: %s", step, metrics)
+            self.tracker.log_metrics(step, result.metrics)
+            if result.samples:
+                self.tracker.log_text(result.samples, f"samples/step_{step:06d}.txt")
+        log.debug("step %d: %s", step, result.metrics)
         self.step = step
 
     def _save(self) -> None:
@@ -352,12 +263,3 @@ class Driver:
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
         log.info("checkpoint: %s", final)
-
-
-def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
-    return {f"{prefix}/{k}": float(v) for k, v in metrics.items()}
-
-
-def _trained_fraction(batches: list[Any]) -> float:
-    total = sum(b.num_tokens for b in batches)
-    return sum(int(b.loss_mask.sum()) for b in batches) / max(total, 1)

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from mtprun.runner.actors import stop_actors
+from mtprun.runner.actors import RolloutWorker, stop_actors, torch_threads
 
 log = logging.getLogger("mtprun")
 
 _RESTART_TIMEOUT_S = 600  # a restarted engine loads its model again
+MAX_RESTARTS = 3  # per engine and attempt; also the retries of one engine's prompts per step
 
 
 class RolloutPool:
@@ -31,6 +33,26 @@ class RolloutPool:
         self._weights: Any = None  # ObjectRef of the newest policy weights, for restarted engines
         self._spec_seen: dict[str, float] = {}
         self.pids = ray.get([a.pid.remote() for a in actors])
+
+    @classmethod
+    def start(cls, recipe: Any, policy_dir: Path, work_dir: Path) -> RolloutPool:
+        """`rollout.num_engines` engines on `policy_dir`, each with its own work folder."""
+        res, count = recipe.resources, recipe.rollout.num_engines
+        remote = ray.remote(RolloutWorker).options(
+            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=MAX_RESTARTS
+        )
+        threads = torch_threads(res, count)
+        actors = [
+            remote.remote(
+                str(policy_dir),
+                recipe.rollout,
+                recipe.seed + i,
+                str(work_dir / f"engine{i}"),
+                threads,
+            )
+            for i in range(count)
+        ]
+        return cls(actors, max_retries=MAX_RESTARTS)
 
     def generate(
         self,

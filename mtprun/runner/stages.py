@@ -33,6 +33,12 @@ class Stage:
     def contains(self, step: int) -> bool:
         return self.offset < step <= self.last_step
 
+    @property
+    def needs_reference(self) -> bool:
+        """GRPO with a KL term: reference log-probs from the stage's frozen starting policy."""
+        grpo = self.plan.term("grpo")
+        return grpo is not None and grpo.kl_coef > 0
+
 
 def plan_stages(recipe: Recipe) -> list[Stage]:
     if recipe.task is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import ray
 
-from mtprun.runner.actors import stop_actors
+from mtprun.runner.actors import TrainerWorker, stop_actors, torch_threads
 
 
 class TrainerGroup:
@@ -20,6 +20,17 @@ class TrainerGroup:
         self.replica = [(rank // parallel.tp) % parallel.dp for rank in range(len(actors))]
         address = ray.get(actors[0].rendezvous_address.remote())
         self.pids = ray.get([a.setup.remote(parallel, seed, *address) for a in actors])
+
+    @classmethod
+    def start(cls, recipe: Any) -> TrainerGroup:
+        """One actor per trainer rank (tp*pp*cp*dp), with the recipe's resources."""
+        res, par = recipe.resources, recipe.parallel
+        world = par.tp * par.pp * par.cp * par.dp
+        remote = ray.remote(TrainerWorker).options(
+            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=0
+        )
+        threads = torch_threads(res, world)
+        return cls([remote.remote(rank, world, threads) for rank in range(world)], par, recipe.seed)
 
     def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
         self._all("build", recipe, model_dir, plan_json, with_reference)

@@ -33,6 +33,7 @@ def test_rl_recipe_with_warmstart_is_sft_then_grpo_on_one_step_counter():
     assert grpo.recipe is recipe and grpo.plan == compile_recipe(recipe)
     assert [warm.contains(s) for s in (0, 1, 7, 8)] == [False, True, True, False]
     assert grpo.contains(8) and grpo.contains(12) and not grpo.contains(13)
+    assert grpo.needs_reference and not warm.needs_reference
 
 
 def test_sft_recipe_is_one_stage():
