@@ -11,7 +11,8 @@ row (the mask multiplies afterwards), as frameworks do today.
 Each (method, active fraction) runs in a fresh subprocess. After one warm-up step the peak
 RSS is reset; peak extra memory is the peak RSS of one forward + backward minus the RSS
 before it (inputs and their .grad already allocated). Time is the median of `--repeats`
-forward + backward steps.
+forward + backward steps (the fastest step in brackets: on a shared machine it is the one
+least disturbed by other processes).
 """
 
 from __future__ import annotations
@@ -121,7 +122,11 @@ def worker(method: str, fraction: float, repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         step(method, inputs, plan)
         times.append(time.perf_counter() - start)
-    return {"time_s": statistics.median(times), "peak_extra_mib": peak / 2**20}
+    return {
+        "time_s": statistics.median(times),
+        "fastest_s": min(times),
+        "peak_extra_mib": peak / 2**20,
+    }
 
 
 def run_worker(method: str, fraction: float, repeats: int) -> dict[str, float]:
@@ -150,7 +155,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, load average before: {load}"
     )
     methods = ["plain", *SCHEDULES]
-    header = [f"{m} time (s)" for m in methods]
+    header = [f"{m} time (s), median (fastest)" for m in methods]
     header += [f"time {m} / plain" for m in SCHEDULES]
     header += [f"{m} peak extra (MiB)" for m in methods]
     header += [f"memory {m} / plain" for m in SCHEDULES]
@@ -160,7 +165,7 @@ def main() -> None:
         result = {m: run_worker(m, fraction, args.repeats) for m in methods}
         plain = result["plain"]
         cells = [f"{fraction:.0%}"]
-        cells += [f"{result[m]['time_s']:.2f}" for m in methods]
+        cells += [f"{result[m]['time_s']:.2f} ({result[m]['fastest_s']:.2f})" for m in methods]
         cells += [f"{result[m]['time_s'] / plain['time_s']:.3f}" for m in SCHEDULES]
         cells += [f"{result[m]['peak_extra_mib']:.0f}" for m in methods]
         cells += [
