@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         "1",
     ]
     print(f"MLflow UI for {run_dir}: {address}", flush=True)
-    print(f"run {state['run_id']}: {address}/#/runs/{state['run_id']}", flush=True)
+    run_page = f"{address}/#/experiments/{state['experiment_id']}/runs/{state['run_id']}"
+    print(f"run {state['run_id']}: {run_page}", flush=True)
     server = subprocess.Popen(command)
     try:
         return server.wait()

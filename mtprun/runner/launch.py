@@ -51,7 +51,9 @@ def start_run(recipe: Recipe, recipe_text: str, ray_address: str | None, console
             },
             artifact_root=run_dir.artifact_root if local_store else None,
         )
-        run_dir.write_state({"tracking_uri": uri, "run_id": tracker.run_id})
+        run_dir.write_state(
+            {"tracking_uri": uri, "run_id": tracker.run_id, "experiment_id": tracker.experiment_id}
+        )
         tracker.log_params(flatten(recipe.model_dump(mode="json")))
         tracker.log_artifact(run_dir.recipe_yaml)
         tracker.log_artifact(run_dir.plan_json)

@@ -1,0 +1,38 @@
+"""Mistakes a user can make with the runner's commands get a clear message and exit code 2."""
+
+import pytest
+
+from mtprun.cli import main
+from mtprun.runner.run_dir import RunDir
+
+
+@pytest.mark.parametrize("command", ["resume", "export", "ui"])
+def test_a_folder_without_a_run_is_refused(command, tmp_path, capsys):
+    assert main([command, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path) in err and "run folder" in err
+
+
+def test_export_before_any_checkpoint(tmp_path, capsys):
+    RunDir(tmp_path).create().write_state({"tracking_uri": "sqlite:///x.db", "run_id": "r"})
+    assert main(["export", str(tmp_path)]) == 2
+    assert f"no checkpoint under {tmp_path / 'checkpoints'}" in capsys.readouterr().err
+
+
+def test_run_refuses_a_folder_that_holds_a_run(tmp_path, capsys):
+    RunDir(tmp_path / "run").create().write_state({"tracking_uri": "sqlite:///x.db", "run_id": "r"})
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel: {tiny: {architecture: qwen2, hidden: 64, heads: 2, kv_heads: 1}}\n"
+        f"data: {{source: arithmetic}}\nrun_dir: {tmp_path / 'run'}\n"
+    )
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and f"mtprun resume {tmp_path / 'run'}" in err
+
+
+def test_invalid_recipe_is_reported_with_its_location(tmp_path, capsys):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("name: bad\nmodel: {tiny: {architecture: qwen2}}\ntrainer: {lr: -1}\n")
+    assert main(["run", str(recipe)]) == 2
+    assert f"{recipe}:3:" in capsys.readouterr().err
