@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from mtprun.data.batch import PackedBatch
 from mtprun.data.messages import Conversation
@@ -60,6 +60,22 @@ class Episodes:
         return "\n\n".join(blocks) + "\n"
 
 
+@dataclass
+class _Episode:
+    builder: TrajectoryBuilder
+    conversation: Conversation
+    sampled_tokens: int = 0
+    truncated: bool = False  # hit max_tokens, max_turns or the model's length
+
+    def add_turn(self, sample: Any, renderer: Renderer) -> None:
+        """A turn the engine sampled (token ids with their log-probs)."""
+        self.builder.add_sampled(sample.token_ids, sample.logprobs)
+        self.sampled_tokens += len(sample.token_ids)
+        message = renderer.parse_assistant(renderer.tokenizer.decode(sample.token_ids))
+        self.conversation = (*self.conversation, message)
+        self.truncated = sample.finish_reason == "length"
+
+
 class EpisodeCollector:
     def __init__(self, recipe: Recipe, model_dir: Path, pool: RolloutPool) -> None:
         if recipe.task is None:
@@ -70,6 +86,7 @@ class EpisodeCollector:
         self.task = get_task(recipe.task.name)
         self.reward = get_reward(recipe.task.reward)
         self.renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
+        self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 
     def collect(self, step: int) -> Episodes:
@@ -77,48 +94,47 @@ class EpisodeCollector:
         n = section.samples_per_prompt
         prompts = self.task.prompts(section.prompts_per_step, seed=_step_seed(self.seed, step))
         rendered = [self.renderer.render(p.messages, add_generation_prompt=True) for p in prompts]
-        builders = [TrajectoryBuilder(r) for r in rendered for _ in range(n)]
-        conversations = [p.messages for p in prompts for _ in range(n)]
-        sampled_tokens = [0] * len(builders)
-        truncated = [False] * len(builders)
-
-        groups = self._generate([r.token_ids.tolist() for r in rendered], n)
-        active, samples = list(range(len(builders))), [s for g in groups for s in g]
-        for turn in range(1, section.max_turns + 1):
-            for k, sample in zip(active, samples, strict=True):
-                builders[k].add_sampled(sample.token_ids, sample.logprobs)
-                sampled_tokens[k] += len(sample.token_ids)
-                text = self.renderer.tokenizer.decode(sample.token_ids)
-                conversations[k] = (*conversations[k], self.renderer.parse_assistant(text))
-                truncated[k] = sample.finish_reason == "length"
-            still_active = []
-            for k in active:
-                reply = None if truncated[k] else self.task.tool_response(conversations[k])
-                if reply is None:
-                    continue
-                if turn == section.max_turns:
-                    truncated[k] = True  # the tool answered but no turn is left to use it
-                    continue
-                builders[k].add_inserted(self.renderer.continuation(conversations[k], [reply]))
-                conversations[k] = (*conversations[k], reply)
-                still_active.append(k)
-            if not still_active:
-                break
-            contexts = [builders[k].build().token_ids.tolist() for k in still_active]
-            active, samples = still_active, [g[0] for g in self._generate(contexts, 1)]
-
-        rewards = [
-            self.reward(conversation, prompts[k // n])
-            for k, conversation in enumerate(conversations)
+        episodes = [
+            _Episode(TrajectoryBuilder(r), p.messages)
+            for p, r in zip(prompts, rendered, strict=True)
+            for _ in range(n)
         ]
+        groups = self._generate([r.token_ids.tolist() for r in rendered], n)
+        active, samples = episodes, [s for g in groups for s in g]
+        for turn in range(1, section.max_turns + 1):
+            for episode, sample in zip(active, samples, strict=True):
+                episode.add_turn(sample, self.renderer)
+            active = [
+                e for e in active if self._tool_answers(e, last_turn=turn == section.max_turns)
+            ]
+            if not active:
+                break
+            contexts = [e.builder.build().token_ids.tolist() for e in active]
+            samples = [g[0] for g in self._generate(contexts, 1)]
+
+        rewards = [self.reward(e.conversation, prompts[k // n]) for k, e in enumerate(episodes)]
         return Episodes(
             prompts=prompts,
-            conversations=conversations,
-            trajectories=[b.build() for b in builders],
+            conversations=[e.conversation for e in episodes],
+            trajectories=[e.builder.build() for e in episodes],
             rewards=torch.tensor(rewards, dtype=torch.float32).view(len(prompts), n),
-            sampled_tokens=sampled_tokens,
-            truncated=truncated,
+            sampled_tokens=[e.sampled_tokens for e in episodes],
+            truncated=[e.truncated for e in episodes],
         )
+
+    def _tool_answers(self, episode: _Episode, last_turn: bool) -> bool:
+        """Insert the task's answer to the episode's last turn; False when the episode ends."""
+        reply = None if episode.truncated else self.task.tool_response(episode.conversation)
+        if reply is None:
+            return False
+        inserted = self.renderer.continuation(episode.conversation, [reply])
+        context = len(episode.builder.build()) + len(inserted)
+        if last_turn or context + self.max_tokens > self.max_model_len:
+            episode.truncated = True  # the tool answered, but no turn (or room) is left
+            return False
+        episode.builder.add_inserted(inserted)
+        episode.conversation = (*episode.conversation, reply)
+        return True
 
     def pack(self, episodes: Episodes, mask: Any, micro_batch_tokens: int) -> list[PackedBatch]:
         """Trajectories packed into micro batches, each episode's group-normalised advantage
