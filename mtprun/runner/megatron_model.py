@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
 from megatron.core.transformer.spec_utils import build_module
 
 from mtprun.models.dims import ModelDims
@@ -103,6 +104,7 @@ class PolicyModel(GPTModel):
         self.mtp_layers = torch.nn.ModuleList(
             MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(dims.mtp_layers)
         )
+        check_native_mtp_loss_disabled(self)
 
     def output_weight(self) -> torch.Tensor:
         """The output layer's weight: this rank's vocab shard [V/tp, H]."""
@@ -148,6 +150,28 @@ class PolicyModel(GPTModel):
             previous, normed = layer(previous, emb, mask, rope)
             outputs.append(normed[:, 0])
         return outputs
+
+
+def check_native_mtp_loss_disabled(model: GPTModel) -> None:
+    """Raise when Megatron's built-in MTP would run: its loss is attached to the trunk's
+    hidden states (MTPLossAutoScaler) and so back-propagates into the policy, which the
+    decoupled draft loss must never do. mtprun's MTP layers are `mtp_layers`, trained only
+    by the fused head loss; Megatron's own must stay off even if a newer megatron-core
+    turns them on by default or builds them from the config alone."""
+    built = [n for n, m in model.named_modules() if isinstance(m, MultiTokenPredictionBlock)]
+    reasons = []
+    if model.config.mtp_num_layers:
+        reasons.append(f"TransformerConfig.mtp_num_layers={model.config.mtp_num_layers}")
+    if getattr(model, "mtp_process", False) or built:
+        reasons.append(f"a MultiTokenPredictionBlock is built ({', '.join(built) or 'mtp'})")
+    if reasons:
+        raise RuntimeError(
+            "Megatron-core's built-in MTP loss is enabled ("
+            + "; ".join(reasons)
+            + "): it would train the policy trunk through the MTP loss. mtprun trains its "
+            "own MTP layers with the decoupled `mtp` loss term; leave mtp_num_layers unset "
+            "and pass no mtp_block_spec to GPTModel (check a megatron-core upgrade's defaults)"
+        )
 
 
 def packed_causal_mask(cu_seqlens: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
