@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
 from mlflow import MlflowClient
 
 MTPRUN = [str(Path(sys.executable).with_name("mtprun"))]  # the installed console script
@@ -21,7 +20,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled", "PYTHON
 
 def write_recipe(folder: Path, recipe: dict) -> Path:
     path = folder / f"{recipe['name']}.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    path.write_text(json.dumps(recipe, indent=2))  # JSON is YAML
     return path
 
 
