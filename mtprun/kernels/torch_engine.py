@@ -43,13 +43,16 @@ class Chunking:
                     widest tile that does.
     rows_per_chunk: rows per chunk; None fills the budget.
     min_rows:       fewest rows per chunk the automatic layout accepts: every chunk streams
-                    the whole weight through each GEMM, so tiny chunks are memory-bound.
+                    the whole weight through each GEMM, so short chunks are memory-bound.
+                    Measured on a 2-core CPU (bench/RESULTS.md): 1365-row chunks over 4096-
+                    column tiles (two passes, 4 GEMMs) beat 174-row chunks over the whole
+                    vocab (one pass, 3 GEMMs) at the same budget.
     """
 
     memory_budget: int = 64 * 2**20
     vocab_tile: int | None = None
     rows_per_chunk: int | None = None
-    min_rows: int = 128
+    min_rows: int = 1024
 
     def __post_init__(self) -> None:
         for name in ("memory_budget", "vocab_tile", "rows_per_chunk", "min_rows"):

@@ -149,8 +149,8 @@ def test_library_api_as_documented():
 @pytest.mark.parametrize(
     ("budget", "vocab", "expected"),
     [
-        (64 * 2**20, 32000, (174, 32000)),  # one pass: 174 rows x the whole vocab fit
-        (2**20, 32000, (128, 682)),  # two passes: the widest tile for min_rows rows
+        (512 * 2**20, 32000, (1398, 32000)),  # one pass: 1398 rows x the whole vocab fit
+        (64 * 2**20, 32000, (1024, 5461)),  # two passes: the widest tile for min_rows rows
     ],
 )
 def test_chunking_layout_follows_the_memory_budget(budget, vocab, expected):
