@@ -165,6 +165,32 @@ class RolloutEngine:
             del llm
 
 
+def spec_decode_metrics(delta: dict[str, float]) -> dict[str, float]:
+    """Acceptance metrics from differences of `spec_decode_counters` over one step.
+
+    accept_rate: accepted / drafted tokens; accept_rate/pos{i}: share of drafts whose draft
+    token i was accepted; mean_accepted_len: tokens a sequence gains per engine step (the
+    target's own token plus the accepted drafts, so 1 without any acceptance). Empty when
+    nothing was drafted (no decoding, or an engine restarted and its counters reset).
+    """
+    drafts, drafted = delta.get("num_drafts", 0.0), delta.get("num_draft_tokens", 0.0)
+    if drafts <= 0 or drafted <= 0:
+        return {}
+    accepted = delta.get("num_accepted_tokens", 0.0)
+    metrics = {
+        "rollout/spec_accept_rate": accepted / drafted,
+        "rollout/spec_mean_accepted_len": 1.0 + accepted / drafts,
+        "rollout/spec_drafts": drafts,
+    }
+    positions = sorted(
+        (int(k.rsplit("/", 1)[1]), v)
+        for k, v in delta.items()
+        if k.startswith("num_accepted_tokens_per_pos/")
+    )
+    metrics.update({f"rollout/spec_accept_rate/pos{i}": v / drafts for i, v in positions})
+    return metrics
+
+
 def _sample(completion: Any) -> Sample:
     token_ids = list(completion.token_ids)
     logprobs = [step[tok].logprob for tok, step in zip(token_ids, completion.logprobs, strict=True)]

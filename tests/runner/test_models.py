@@ -9,7 +9,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from mtprun.models import ModelDims, build_tiny_model
+from mtprun.data.tokenizer import build_tokenizer
+from mtprun.models import ModelDims, build_tiny_model, hf_to_megatron
+from mtprun.models.tiny import padded_vocab_size
 from mtprun.spec.model import TinyModel
 
 from .conftest import TINY
@@ -18,7 +20,7 @@ from .conftest import TINY
 def test_qwen2_folder_loads_in_transformers_with_the_saved_weights(tiny_qwen2_dir, tokenizer):
     config = json.loads((tiny_qwen2_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"]
-    assert config["vocab_size"] == len(tokenizer)
+    assert config["vocab_size"] == padded_vocab_size(len(tokenizer)) == 128
     assert config["eos_token_id"] == tokenizer.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir)
     saved = load_file(tiny_qwen2_dir / "model.safetensors")
@@ -44,6 +46,33 @@ def test_mimo_folder_has_mtp_layers_in_vllm_naming(tiny_mimo_dir):
     torch.testing.assert_close(
         model.state_dict()["model.embed_tokens.weight"], saved["model.embed_tokens.weight"]
     )
+
+
+def test_padded_vocab_splits_over_tensor_parallel_ranks(tmp_path):
+    char = build_tokenizer("char")  # 105 tokens: no tp > 1 divides it
+    folder = build_tiny_model(TinyModel(**TINY), char, tmp_path, seed=0)
+    dims = ModelDims.from_model_dir(folder)
+    assert len(char) == 105 and dims.vocab == 128
+    dims.check_tp(2)
+    hf = load_file(folder / "model.safetensors")
+    shards = [
+        hf_to_megatron(hf, dims, rank, 2)["embedding.word_embeddings.weight"] for rank in (0, 1)
+    ]
+    assert [s.shape[0] for s in shards] == [64, 64]
+    torch.testing.assert_close(torch.cat(shards), hf["model.embed_tokens.weight"], rtol=0, atol=0)
+    # transformers scores every id of the padded vocab; the tokenizer decodes padding to "".
+    logits = AutoModelForCausalLM.from_pretrained(folder)(torch.tensor([[5, 6]])).logits
+    assert logits.shape[-1] == 128
+    assert char.decode([40, 120]) == char.decode([40])
+
+
+def test_unpadded_vocab_is_refused_by_tensor_parallelism(tmp_path):
+    char = build_tokenizer("char")
+    folder = build_tiny_model(TinyModel(**TINY, vocab=len(char)), char, tmp_path, seed=0)
+    with pytest.raises(
+        ValueError, match=r"parallel.tp=2 does not divide the model's vocab_size=105"
+    ):
+        ModelDims.from_model_dir(folder).check_tp(2)
 
 
 def test_tied_model_stores_the_embedding_once(tmp_path, tokenizer):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner.rollout import RolloutEngine
+from mtprun.runner.rollout import RolloutEngine, spec_decode_metrics
 from mtprun.spec.model import TinyModel
 from mtprun.spec.rollout import RolloutSection
 
@@ -123,3 +123,26 @@ def test_mtp_speculative_decoding_is_lossless_and_syncs_the_drafter(
     torch.testing.assert_close(drafter_weight, new["model.mtp_layers.0.input_proj.weight"])
     _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
     assert later["num_drafts"] > counters["num_drafts"]
+    step = spec_decode_metrics({k: v - counters.get(k, 0.0) for k, v in later.items()})
+    # One draft token per step: a draft's acceptance is its first position's.
+    assert step["rollout/spec_drafts"] == later["num_drafts"] - counters["num_drafts"]
+    assert step["rollout/spec_accept_rate/pos0"] == step["rollout/spec_accept_rate"]
+    assert step["rollout/spec_mean_accepted_len"] == 1.0 + step["rollout/spec_accept_rate"]
+
+
+def test_spec_decode_metrics_from_counter_differences():
+    delta = {
+        "num_drafts": 10.0,
+        "num_draft_tokens": 20.0,
+        "num_accepted_tokens": 12.0,
+        "num_accepted_tokens_per_pos/0": 8.0,
+        "num_accepted_tokens_per_pos/1": 4.0,
+    }
+    assert spec_decode_metrics(delta) == {
+        "rollout/spec_accept_rate": 0.6,
+        "rollout/spec_mean_accepted_len": 2.2,
+        "rollout/spec_drafts": 10.0,
+        "rollout/spec_accept_rate/pos0": 0.8,
+        "rollout/spec_accept_rate/pos1": 0.4,
+    }
+    assert spec_decode_metrics({"num_drafts": 0.0, "num_draft_tokens": 0.0}) == {}
