@@ -115,9 +115,6 @@ class Tracker:
             self.set_tags({"mtprun.error": _cut(error)})
         self.client.set_terminated(self.run_id, status=status)
 
-    def run_url(self, ui_address: str) -> str:
-        return f"{ui_address.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
-
 
 def _cut(text: str) -> str:
     return text if len(text) <= _MAX_PARAM_LEN else text[: _MAX_PARAM_LEN - 12] + "...[cut]"
