@@ -18,6 +18,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from mtprun.runner.actors import RolloutWorker, stop_actors, torch_threads
+from mtprun.runner.rollout import spec_decode_metrics
 
 log = logging.getLogger("mtprun")
 
@@ -131,13 +132,7 @@ class RolloutPool:
         now = self.spec_decode_counters()
         delta = {k: v - self._spec_seen.get(k, 0.0) for k, v in now.items()}
         self._spec_seen = now
-        drafted = delta.get("num_draft_tokens", 0.0)
-        if drafted <= 0:  # nothing drafted, or an engine restarted and its counters reset
-            return {}
-        return {
-            "rollout/spec_accept_rate": delta.get("num_accepted_tokens", 0.0) / drafted,
-            "rollout/spec_drafts": delta.get("num_drafts", 0.0),
-        }
+        return spec_decode_metrics(delta)
 
     def shutdown(self) -> None:
         stop_actors(self.actors)
