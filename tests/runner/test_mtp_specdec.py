@@ -36,8 +36,8 @@ def test_draft_acceptance_rises_over_training(specdec_run):
     assert specdec_run.steps("rollout/spec_accept_rate") == [
         len(warmstart) + i for i in range(1, RL_STEPS + 1)
     ]
-    # The head starts at its random init (the warm-start trains CE only): few drafts accepted.
-    assert accept[0] < 0.25, accept
+    # The head starts at its random init (the warm-start trains CE only): chance acceptance.
+    assert accept[0] < 0.1, accept
     assert accept[-1] > 0.5, accept
     assert max(accept[:2]) < min(accept[-2:]), accept
 
