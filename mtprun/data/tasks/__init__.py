@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from mtprun.data.tasks.addition import AdditionTask
 from mtprun.data.tasks.arithmetic import ArithmeticTask
 from mtprun.data.tasks.base import Prompt, RewardFn, Task, exact_answer_reward
 from mtprun.data.tasks.calculator import CalculatorToolTask
 from mtprun.data.tasks.jsonl_prompts import JsonlPromptTask
 
 TASKS: dict[str, type[Task]] = {
+    AdditionTask.name: AdditionTask,
     ArithmeticTask.name: ArithmeticTask,
     CalculatorToolTask.name: CalculatorToolTask,
 }
-# Both built-in rewards score the final answer; calculator_tool's prompts are hard enough
+# The built-in rewards all score the final answer; calculator_tool's prompts are hard enough
 # to need the tool, so the reward needs no separate tool-use term.
 REWARDS: dict[str, RewardFn] = {
+    "addition": exact_answer_reward,
     "arithmetic": exact_answer_reward,
     "calculator_tool": exact_answer_reward,
     "exact_answer": exact_answer_reward,
