@@ -44,8 +44,20 @@ def test_draft_acceptance_rises_over_training(specdec_run):
 
 def test_rollouts_and_the_draft_head_are_tracked(specdec_run):
     metrics = specdec_run.run.data.metrics
-    for key in ("rollout/tokens_per_s", "rollout/spec_drafts", "train/mtp/1/loss"):
+    for key in (
+        "rollout/tokens_per_s",
+        "rollout/spec_drafts",
+        "rollout/spec_accept_rate/pos0",
+        "rollout/spec_mean_accepted_len",
+        "train/mtp/1/loss",
+    ):
         assert key in metrics, sorted(metrics)
+    # One draft token per step: acceptance at position 0 is the acceptance, and a step
+    # yields the target's token plus the accepted draft.
+    accept = specdec_run.values("rollout/spec_accept_rate")
+    assert specdec_run.values("rollout/spec_accept_rate/pos0") == pytest.approx(accept)
+    mean_len = specdec_run.values("rollout/spec_mean_accepted_len")
+    assert mean_len == pytest.approx([1.0 + a for a in accept])
     assert metrics["rollout/spec_drafts"] > 0
     assert metrics["rollout/tokens_per_s"] > 0
     draft_loss = specdec_run.values("train/mtp/1/loss")
