@@ -87,7 +87,10 @@ def _head_shape(recipe: Recipe) -> tuple[int, int] | str:
     if shape is None:
         config = Path(recipe.model.path or "") / "config.json"
         return f"unknown: {config} not readable here (give --head HIDDEN VOCAB)"
-    return shape.hidden, shape.vocab or _tokenizer_size(recipe)
+    if shape.vocab is not None:
+        return shape.hidden, shape.vocab
+    assert recipe.model.tiny is not None  # a model folder's shape always has its vocab
+    return shape.hidden, recipe.model.tiny.vocab_size(_tokenizer_size(recipe))
 
 
 def _tokenizer_size(recipe: Recipe) -> int:

@@ -17,17 +17,6 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, TinyModel
 
-# Like Megatron's make_vocab_size_divisible_by: a vocab that every usual tensor-parallel size
-# (1, 2, 4, 8, ...) divides. The padding ids have embedding and output rows like any other
-# token; no text maps to them, and the tokenizer decodes them to nothing.
-VOCAB_MULTIPLE = 128
-
-
-def padded_vocab_size(tokenizer_size: int) -> int:
-    """The tiny model's vocab when model.tiny.vocab is null: the tokenizer's size rounded up
-    to a multiple of VOCAB_MULTIPLE."""
-    return -(-tokenizer_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
 
 def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
     if spec.hidden % spec.heads or spec.head_dim not in VLLM_CPU_HEAD_DIMS:
@@ -39,7 +28,7 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Con
         raise ValueError(f"model.tiny: heads={spec.heads} must be a multiple of kv_heads")
     if spec.architecture == "qwen2" and spec.mtp_layers:
         raise ValueError("model.tiny: mtp_layers needs architecture: mimo")
-    vocab = spec.vocab if spec.vocab is not None else padded_vocab_size(len(tokenizer))
+    vocab = spec.vocab_size(len(tokenizer))
     if vocab < len(tokenizer):
         raise ValueError(
             f"model.tiny.vocab={vocab} is smaller than the tokenizer ({len(tokenizer)})"

@@ -12,6 +12,11 @@ from mtprun.spec.base import Section
 # first generate, long after the recipe was accepted.
 VLLM_CPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
+# Like Megatron's make_vocab_size_divisible_by: a tiny model's default vocab is one every usual
+# tensor-parallel size (1, 2, 4, 8, ...) divides. The padding ids have embedding and output
+# rows like any other token; no text maps to them and the tokenizer decodes them to nothing.
+VOCAB_MULTIPLE = 128
+
 
 class TinyModel(Section):
     """A small random-init model built locally (no hub download)."""
@@ -32,7 +37,10 @@ class TinyModel(Section):
     kv_heads: int = Field(2, ge=1, description="Key/value heads (grouped-query attention).")
     intermediate: int = Field(256, ge=1, description="MLP intermediate size.")
     vocab: int | None = Field(
-        None, ge=1, description="Vocabulary size; null takes the tokenizer's size."
+        None,
+        ge=1,
+        description="Vocabulary size; null takes the tokenizer's size rounded up to a multiple "
+        f"of {VOCAB_MULTIPLE} (so every usual tensor-parallel size divides it).",
     )
     mtp_layers: int = Field(
         0, ge=0, description="Multi-token-prediction layers (architecture mimo only)."
@@ -43,6 +51,12 @@ class TinyModel(Section):
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    def vocab_size(self, tokenizer_size: int) -> int:
+        """The model's vocab: `vocab`, or the tokenizer's size padded to VOCAB_MULTIPLE."""
+        if self.vocab is not None:
+            return self.vocab
+        return -(-tokenizer_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
 class ModelSection(Section):

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity, did_you_mean
 from mtprun.spec.mask import uses_sampled_flags
-from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
+from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, VOCAB_MULTIPLE
 from mtprun.spec.model_shape import ModelShape, model_shape
 
 if TYPE_CHECKING:
@@ -206,7 +206,20 @@ def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
     elif spec.num_speculative_tokens > 1:
         yield Issue(
             (*where, "num_speculative_tokens"),
-            f"MiMo-style MTP drafts 1 token per step in vLLM, not {spec.num_speculative_tokens}",
+            f"vLLM 0.32 runs MiMo-style MTP with exactly 1 draft token per step, not "
+            f"{spec.num_speculative_tokens}: its drafter does not feed the head back into itself "
+            "(accepted: method: mtp with num_speculative_tokens: 1 on a model with MTP layers)",
+        )
+
+
+@rule("rollout", "task")
+def _speculation_needs_rollouts(r: Recipe) -> Iterator[Issue]:
+    if r.rollout.speculative is not None and r.task is None:
+        yield Issue(
+            ("rollout", "speculative"),
+            "speculative decoding only speeds up rollouts, and a recipe without `task:` samples "
+            "nothing (SFT); add a `task:` or drop rollout.speculative",
+            "warning",
         )
 
 
@@ -221,13 +234,25 @@ def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
     shape, tp = model_shape(r.model), r.parallel.tp
     if shape is None or tp == 1:
         return
-    # Each rank holds whole attention heads and a slice of the MLP; the vocab is padded instead.
+    # Each rank holds whole attention heads, a slice of the MLP and an equal vocab shard (the
+    # trainer does not pad the vocab at run time; a tiny model's null vocab is padded to a
+    # multiple of VOCAB_MULTIPLE when it is built).
     for name in ("heads", "kv_heads", "intermediate"):
         count = getattr(shape, name)
         if count % tp:
             yield Issue(
                 ("parallel", "tp"), f"tp {tp} does not divide {shape.label(name)} ({count})"
             )
+    vocab = shape.vocab if shape.vocab is not None else VOCAB_MULTIPLE
+    if vocab % tp:
+        fix = (
+            f"set it to a multiple of {tp} (or leave it null)"
+            if shape.config is None
+            else "pad the checkpoint's vocabulary to a multiple of tp"
+        )
+        yield Issue(
+            ("parallel", "tp"), f"tp {tp} does not divide {shape.label('vocab')} ({vocab}); {fix}"
+        )
 
 
 @rule("parallel", "resources")

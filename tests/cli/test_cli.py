@@ -113,7 +113,7 @@ def test_plan_view_shows_passes_collectives_and_memory(capsys, monkeypatch) -> N
     out = " ".join(capsys.readouterr().out.split())
     assert "vocab passes" in out and "1 statistics pass" in out
     assert "collectives / micro batch" in out and "fused 1, unfused 6" in out
-    assert "(padded to 106, a multiple of tp)" in out
+    assert "vocab 128" in out  # the 105-token char tokenizer, padded to a multiple of 128
     assert "head-loss memory / micro batch" in out
 
 

@@ -15,7 +15,7 @@ from mtprun.models import build_tiny_model
 from mtprun.spec.model import TinyModel
 from mtprun.spec.recipe import Recipe
 
-# chatml: 102 tokens, an even vocab, so TP=2 splits it. Head size 32 (vLLM's CPU minimum),
+# chatml: 102 tokens, padded to a 128-row vocab that TP=2 splits. Head size 32 (vLLM's CPU minimum),
 # kv_heads 2 so TP=2 splits the key/value groups too.
 TEMPLATE = "chatml"
 TINY = {

@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models import ModelDims, build_tiny_model, hf_to_megatron
-from mtprun.models.tiny import padded_vocab_size
 from mtprun.spec.model import TinyModel
 
 from .conftest import TINY
@@ -20,7 +19,7 @@ from .conftest import TINY
 def test_qwen2_folder_loads_in_transformers_with_the_saved_weights(tiny_qwen2_dir, tokenizer):
     config = json.loads((tiny_qwen2_dir / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"]
-    assert config["vocab_size"] == padded_vocab_size(len(tokenizer)) == 128
+    assert config["vocab_size"] == TinyModel().vocab_size(len(tokenizer)) == 128
     assert config["eos_token_id"] == tokenizer.eos_token_id
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir)
     saved = load_file(tiny_qwen2_dir / "model.safetensors")

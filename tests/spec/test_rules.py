@@ -13,7 +13,9 @@ from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1\n"  # 6 lines
 SFT = TINY + "data: {source: arithmetic}\n"  # 7 lines
 RL = TINY + "task: {name: arithmetic, reward: arithmetic}\nlosses: [{kind: grpo}]\n"  # 8 lines
-MIMO = TINY + "    architecture: mimo\n    mtp_layers: 1\ndata: {source: arithmetic}\n"  # 9 lines
+MIMO_TINY = TINY + "    architecture: mimo\n    mtp_layers: 1\n"
+MIMO = MIMO_TINY + "data: {source: arithmetic}\n"  # 9 lines
+MIMO_RL = MIMO_TINY + "task: {name: arithmetic, reward: arithmetic}\nlosses: [{kind: grpo}]\n"  # 10
 BUILT_IN = ", ".join(TASKS)  # the data package's registries, whatever they hold
 CPU_DIMS = ", ".join(map(str, VLLM_CPU_HEAD_DIMS))
 
@@ -107,15 +109,34 @@ CASES = {
         ],
     ),
     "speculative mtp without MTP layers": (
-        SFT + "rollout:\n  speculative: {method: mtp}\n",
+        RL + "rollout:\n  speculative: {method: mtp}\n",
         [
-            "9:25: speculative method 'mtp' drafts with the model's MTP layers, and it has "
+            "10:25: speculative method 'mtp' drafts with the model's MTP layers, and it has "
             "none; set model.tiny.architecture: mimo and mtp_layers: 1"
         ],
     ),
     "speculative mtp drafts one token": (
-        MIMO + "rollout:\n  speculative:\n    num_speculative_tokens: 2\n",
-        ["12:29: MiMo-style MTP drafts 1 token per step in vLLM, not 2"],
+        MIMO_RL + "rollout:\n  speculative:\n    num_speculative_tokens: 2\n",
+        [
+            "13:29: vLLM 0.32 runs MiMo-style MTP with exactly 1 draft token per step, not 2: "
+            "its drafter does not feed the head back into itself (accepted: method: mtp with "
+            "num_speculative_tokens: 1 on a model with MTP layers)"
+        ],
+    ),
+    "speculative decoding without rollouts": (
+        MIMO + "rollout:\n  speculative: {method: mtp}\n",
+        [
+            "11:3: warning: speculative decoding only speeds up rollouts, and a recipe without "
+            "`task:` samples nothing (SFT); add a `task:` or drop rollout.speculative"
+        ],
+    ),
+    "tp splits an explicit tiny vocab": (
+        TINY.replace("kv_heads: 1", "kv_heads: 2\n    vocab: 105")
+        + "data: {source: arithmetic}\nparallel:\n  tp: 2\n",
+        [
+            "10:7: tp 2 does not divide model.tiny.vocab (105); set it to a multiple of 2 (or "
+            "leave it null)"
+        ],
     ),
     "tp splits heads and the MLP": (
         SFT + "parallel:\n  tp: 2\n",
