@@ -24,7 +24,7 @@ def specdec_run():
     root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))
     run_dir = root / "run"
     proc = start(RECIPE, f"run_dir={run_dir}", f"trainer.steps={RL_STEPS}", cwd=root)
-    code, out = finish(proc, timeout=600)
+    code, out = finish(proc)
     assert code == 0, out[-3000:]
     yield RunRecord(run_dir)
     shutil.rmtree(root, ignore_errors=True)
