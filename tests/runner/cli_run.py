@@ -37,6 +37,17 @@ def start(*args: str | Path, cwd: Path) -> subprocess.Popen:
     )
 
 
+# The tiny policy of the end-to-end runs: small enough for 2 CPU cores, head size 32.
+E2E_TINY = {
+    "architecture": "qwen2",
+    "hidden": 64,
+    "layers": 2,
+    "heads": 2,
+    "kv_heads": 1,
+    "intermediate": 128,
+    "max_seq_len": 128,
+}
+
 # Hang guards, not timing assertions: vLLM and Ray start in seconds on an idle 2-core machine
 # but took minutes when it was shared with other test runs.
 HANG_GUARD_S = 900

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from .cli_run import (
+    E2E_TINY,
     ENV,
     RunRecord,
     actor_pids,
@@ -84,17 +85,7 @@ def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
         {
             "name": "e2e-sft",
             "run_dir": str(tmp_path / "run"),
-            "model": {
-                "tiny": {
-                    "architecture": "qwen2",
-                    "hidden": 64,
-                    "layers": 2,
-                    "heads": 2,
-                    "kv_heads": 1,
-                    "intermediate": 128,
-                    "max_seq_len": 128,
-                }
-            },
+            "model": {"tiny": E2E_TINY},
             "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 256},
             "losses": [{"kind": "ce"}, {"kind": "z_loss"}],
             "trainer": {"lr": 3e-3, "steps": STEPS},

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from .cli_run import (
+    E2E_TINY,
     ENV,
     MTPRUN,
     RunRecord,
@@ -44,17 +45,7 @@ def _recipe(run_dir: Path) -> dict:
     return {
         "name": "e2e-grpo",
         "run_dir": str(run_dir),
-        "model": {
-            "tiny": {
-                "architecture": "qwen2",
-                "hidden": 64,
-                "layers": 2,
-                "heads": 2,
-                "kv_heads": 1,
-                "intermediate": 128,
-                "max_seq_len": 128,
-            }
-        },
+        "model": {"tiny": E2E_TINY},
         "warmstart": {
             "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 128},
             "steps": WARMSTART_STEPS,
