@@ -1,10 +1,11 @@
 """The rollout engines as one pool: prompts sharded over engines, a dead engine's share retried.
 
 Each engine is a Ray actor with `max_restarts`; when its process dies mid-call (engine crash,
-OOM kill) the call raises RayActorError and Ray starts a fresh process from the same
-arguments, i.e. the stage's initial weights. The pool waits for it, syncs the current policy
-weights into it, and re-sends only that engine's prompts; results are stored per shard, so no
-prompt is lost or counted twice.
+OOM kill) Ray starts a fresh process from the same arguments, i.e. the stage's initial
+weights. Whatever call noticed the death (generate, weight sync, counters), the pool waits for
+the new process, syncs the current policy weights into it, and sends only that engine's call
+again; results are stored per shard, so no prompt is lost or counted twice. (A restarted
+engine's speculative-decoding counters start from zero.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class RolloutPool:
         self.max_retries = max_retries
         self.restarts = 0
         self._weights: Any = None  # ObjectRef of the newest policy weights, for restarted engines
-        self._spec_seen: dict[str, float] = {}
+        self._spec_seen: dict[int, dict[str, float]] = {}  # per engine
         self.pids = ray.get([a.pid.remote() for a in actors])
 
     @classmethod
@@ -68,31 +69,39 @@ class RolloutPool:
             for i, (lo, hi) in enumerate(_split(len(prompts), len(self.actors)))
             if hi > lo
         }
-        refs = {i: self.actors[i].generate.remote(*args) for i, args in calls.items()}
-        return [samples for i in sorted(refs) for samples in self._result(i, refs[i], calls[i])]
+        shards = self._on_engines("generate", calls)
+        return [samples for i in sorted(shards) for samples in shards[i]]
 
-    def _result(self, i: int, ref: Any, args: tuple) -> list[list[Any]]:
+    def _on_engines(self, method: str, calls: dict[int, tuple]) -> dict[int, Any]:
+        """`method(*args)` on engine i for each i of `calls`, concurrently; an engine that
+        dies meanwhile is restarted and its call sent again."""
+        refs = {i: getattr(self.actors[i], method).remote(*args) for i, args in calls.items()}
+        return {i: self._result(i, ref, method, calls[i]) for i, ref in refs.items()}
+
+    def _result(self, i: int, ref: Any, method: str, args: tuple) -> Any:
         for attempt in range(1, self.max_retries + 2):
             try:
                 return ray.get(ref)
-            except RayActorError as err:
+            # A killed engine surfaces as either, depending on when Ray notices: ActorDied
+            # (a RayActorError) or "temporarily unavailable" while its restart is under way.
+            except (RayActorError, ActorUnavailableError) as err:
                 if attempt > self.max_retries:
                     raise RuntimeError(
                         f"rollout engine {i} died {attempt} times in one step; giving up "
                         f"(last error: {type(err).__name__}: {err})"
                     ) from err
                 log.warning(
-                    "rollout engine %d (pid %s) died (%s); waiting for Ray to restart it, "
-                    "then retrying its %d prompts (retry %d of %d)",
+                    "rollout engine %d (pid %s) died during %s (%s); waiting for Ray to "
+                    "restart it, then calling it again (retry %d of %d)",
                     i,
                     self.pids[i],
+                    method,
                     type(err).__name__,
-                    len(args[0]),
                     attempt,
                     self.max_retries,
                 )
                 self._recover(i)
-                ref = self.actors[i].generate.remote(*args)
+                ref = getattr(self.actors[i], method).remote(*args)
         raise AssertionError("unreachable")
 
     def _recover(self, i: int) -> None:
@@ -117,21 +126,21 @@ class RolloutPool:
     def update_weights(self, weights_ref: Any) -> float:
         """Sync the policy into every engine; returns the slowest engine's seconds."""
         self._weights = weights_ref
-        seconds = ray.get([a.update_weights.remote(weights_ref) for a in self.actors])
-        return max(seconds)
-
-    def spec_decode_counters(self) -> dict[str, float]:
-        totals: dict[str, float] = {}
-        for counters in ray.get([a.spec_decode_counters.remote() for a in self.actors]):
-            for key, value in counters.items():
-                totals[key] = totals.get(key, 0.0) + value
-        return totals
+        calls = {i: (weights_ref,) for i in range(len(self.actors))}
+        return max(self._on_engines("update_weights", calls).values())
 
     def spec_decode_step(self) -> dict[str, float]:
-        """Speculative-decoding acceptance since the previous call (the engines count up)."""
-        now = self.spec_decode_counters()
-        delta = {k: v - self._spec_seen.get(k, 0.0) for k, v in now.items()}
-        self._spec_seen = now
+        """Speculative-decoding acceptance since the previous call, summed over engines. The
+        engines count up; one restarted since the previous call counts from zero again."""
+        calls = {i: () for i in range(len(self.actors))}
+        delta: dict[str, float] = {}
+        for i, now in self._on_engines("spec_decode_counters", calls).items():
+            seen = self._spec_seen.get(i, {})
+            restarted = any(v < seen.get(k, 0.0) for k, v in now.items())
+            for key, value in now.items():
+                step = value if restarted else value - seen.get(key, 0.0)
+                delta[key] = delta.get(key, 0.0) + step
+            self._spec_seen[i] = now
         return spec_decode_metrics(delta)
 
     def shutdown(self) -> None:
