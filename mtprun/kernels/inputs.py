@@ -123,11 +123,6 @@ def validate(
     _check_vector("targets", targets, n, hidden)
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
-    if n and (int(targets.min()) < 0 or int(targets.max()) >= vocab_size):
-        raise ValueError(
-            f"targets must lie in [0, {vocab_size}) (the vocabulary size), "
-            f"found values in [{int(targets.min())}, {int(targets.max())}]"
-        )
     _check_vector("loss_mask", loss_mask, n, hidden)
     if loss_mask.dtype != torch.bool:
         raise TypeError(f"loss_mask must be a bool tensor, got {loss_mask.dtype}: pass mask.bool()")
@@ -180,14 +175,34 @@ def validate(
 def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
     """The policy group and one group per MTP head, with masked rows dropped.
 
-    Fails when a row entering the loss holds a non-finite hidden value: averaging a NaN into
-    the loss would silently poison the step.
+    Also checks the inputs' values: targets inside the vocabulary, cu_seqlens rising from 0
+    to N, and finite hidden values in every row entering the loss (averaging a NaN into the
+    loss would silently poison the step). The checks and the row counts are read from the
+    device in one transfer: on a GPU each read stalls the host until the queued work is done,
+    and reading them one by one left the GPU idle between Python steps.
     """
     n = inputs.num_rows
     seq_of_row = sequence_ids(inputs.cu_seqlens, n)
-    policy_terms = tuple(t for t in plan.terms if t.kind != "mtp")
     mask = inputs.loss_mask
-    rows = mask.nonzero().squeeze(1) if plan.compact_mask else torch.arange(n, device=mask.device)
+    draft_valid = [mtp_valid(mask, seq_of_row, k) for k in plan.mtp_depths]
+    students = (inputs.hidden, *inputs.mtp_hidden)
+    read = _read_at_once(
+        targets_min=inputs.targets.min() if n else torch.zeros(()),
+        targets_max=inputs.targets.max() if n else torch.zeros(()),
+        cu_first=inputs.cu_seqlens[0],
+        cu_last=inputs.cu_seqlens[-1],
+        cu_falls=(inputs.cu_seqlens[1:] < inputs.cu_seqlens[:-1]).any(),
+        policy_rows=mask.sum(),
+        draft_rows=[valid.sum() for valid in draft_valid],
+        finite=[torch.isfinite(student).all() for student in students],
+    )
+    _check_values(read, inputs)
+
+    policy_terms = tuple(t for t in plan.terms if t.kind != "mtp")
+    if plan.compact_mask:
+        rows = _indices(mask, read["policy_rows"])
+    else:
+        rows = torch.arange(n, device=mask.device)
     distill = plan.term("distill")
     groups = [
         RowGroup(
@@ -205,8 +220,8 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
         )
     ]
     mtp = plan.term("mtp")
-    for k in plan.mtp_depths:
-        draft_rows = mtp_rows(mask, seq_of_row, k)
+    for k, valid, count in zip(plan.mtp_depths, draft_valid, read["draft_rows"], strict=True):
+        draft_rows = _indices(valid, count)
         groups.append(
             RowGroup(
                 name=f"mtp/{k}",
@@ -224,9 +239,36 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
                 trains_weight=mtp.train_shared_output,
             )
         )
-    for group in groups:
-        _check_finite(group)
+    for group, finite in zip(groups, read["finite"], strict=True):
+        if not finite:  # some value somewhere is not finite: is it in a row under the mask?
+            _check_finite_rows(group)
     return groups
+
+
+def _read_at_once(**scalars: torch.Tensor | list[torch.Tensor]) -> dict:
+    """The 0-d tensors (or lists of them) as Python ints, read in one device transfer."""
+    flat = [t for v in scalars.values() for t in (v if isinstance(v, list) else [v])]
+    values = iter(torch.stack([t.long() for t in flat]).tolist())
+    return {
+        name: [next(values) for _ in v] if isinstance(v, list) else next(values)
+        for name, v in scalars.items()
+    }
+
+
+def _check_values(read: dict, inputs: HeadInputs) -> None:
+    n, vocab_size = inputs.num_rows, inputs.vocab_size
+    if n and (read["targets_min"] < 0 or read["targets_max"] >= vocab_size):
+        raise ValueError(
+            f"targets must lie in [0, {vocab_size}) (the vocabulary size), "
+            f"found values in [{read['targets_min']}, {read['targets_max']}]"
+        )
+    if read["cu_first"] != 0 or read["cu_last"] != n or read["cu_falls"]:
+        raise _cu_seqlens_error(inputs.cu_seqlens, n)
+
+
+def _indices(selected: torch.Tensor, count: int) -> torch.Tensor:
+    """[count] positions of the True entries; `count` known, so the device is not asked."""
+    return torch.nonzero_static(selected, size=count).squeeze(1)
 
 
 def sequence_ids(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -235,12 +277,15 @@ def sequence_ids(cu_seqlens: torch.Tensor, num_rows: int) -> torch.Tensor:
     return torch.searchsorted(cu_seqlens[1:].contiguous(), positions, right=True)
 
 
-def mtp_rows(loss_mask: torch.Tensor, seq_ids: torch.Tensor, depth: int) -> torch.Tensor:
-    """Rows t valid for MTP head `depth`: t and t+depth in one sequence, both under the mask."""
-    if loss_mask.shape[0] <= depth:
-        return torch.zeros(0, dtype=torch.long, device=loss_mask.device)
-    valid = loss_mask[:-depth] & loss_mask[depth:] & (seq_ids[:-depth] == seq_ids[depth:])
-    return valid.nonzero().squeeze(1)
+def mtp_valid(loss_mask: torch.Tensor, seq_ids: torch.Tensor, depth: int) -> torch.Tensor:
+    """[N] bool: row t is valid for MTP head `depth` (t and t+depth in one sequence, both
+    under the mask). The last `depth` rows never are."""
+    valid = torch.zeros_like(loss_mask)
+    if loss_mask.shape[0] > depth:
+        valid[:-depth] = (
+            loss_mask[:-depth] & loss_mask[depth:] & (seq_ids[:-depth] == seq_ids[depth:])
+        )
+    return valid
 
 
 def aggregation_weights(
@@ -362,23 +407,20 @@ def _check_cu_seqlens(
         raise TypeError(f"cu_seqlens must hold integers, got {cu_seqlens.dtype}")
     _check_device("cu_seqlens", cu_seqlens, hidden)
     bounds = cu_seqlens.long()
-    if (
-        bounds.numel() < 2
-        or int(bounds[0]) != 0
-        or int(bounds[-1]) != n
-        or bool((bounds[1:] < bounds[:-1]).any())
-    ):
-        raise ValueError(
-            f"cu_seqlens must rise from 0 to N={n} (e.g. [0, len0, len0+len1, ..., {n}]), "
-            f"got {bounds.tolist()[:8]}{' ...' if bounds.numel() > 8 else ''}"
-        )
+    if bounds.numel() < 2:
+        raise _cu_seqlens_error(bounds, n)
     return bounds
 
 
-def _check_finite(group: RowGroup) -> None:
+def _cu_seqlens_error(bounds: torch.Tensor, n: int) -> ValueError:
+    return ValueError(
+        f"cu_seqlens must rise from 0 to N={n} (e.g. [0, len0, len0+len1, ..., {n}]), "
+        f"got {bounds.tolist()[:8]}{' ...' if bounds.numel() > 8 else ''}"
+    )
+
+
+def _check_finite_rows(group: RowGroup) -> None:
     finite_rows = torch.isfinite(group.student).all(dim=1)
-    if bool(finite_rows.all()):  # the common case, without gathering the rows
-        return
     rows = group.rows[group.valid]
     bad = ~finite_rows[rows]
     if bool(bad.any()):

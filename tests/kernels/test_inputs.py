@@ -9,7 +9,7 @@ import torch
 
 from mtprun.compiler import HeadPlan
 from mtprun.kernels import Chunking, head_loss
-from mtprun.kernels.inputs import mtp_rows, sequence_ids
+from mtprun.kernels.inputs import mtp_valid, sequence_ids
 
 from .cases import make_problem
 
@@ -129,7 +129,7 @@ def test_bad_chunking_is_rejected(field, value):
 
 
 @pytest.mark.parametrize("depth", [1, 2, 5])
-def test_mtp_rows_match_brute_force(depth):
+def test_mtp_valid_rows_match_brute_force(depth):
     gen = torch.Generator()
     gen.seed()
     n = 50
@@ -142,7 +142,7 @@ def test_mtp_rows_match_brute_force(depth):
         for t in range(n - depth)
         if mask[t] and mask[t + depth] and any(a <= t and t + depth < b for a, b in _spans(cuts, n))
     ]
-    assert mtp_rows(mask, seq, depth).tolist() == expected
+    assert mtp_valid(mask, seq, depth).nonzero().squeeze(1).tolist() == expected
 
 
 def _spans(cuts, n):

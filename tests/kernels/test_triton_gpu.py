@@ -5,6 +5,7 @@ every active fraction, each aggregation over packed sequences). Skipped without 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -20,7 +21,7 @@ from mtprun.kernels.triton import head_loss_triton
 from .cases import Problem, make_problem
 from .reference import reference_head_loss
 from .test_head_loss import AGGREGATIONS, COMBINED, SINGLE_TERMS
-from .test_triton_cases import PLANS, assert_matches_reference, make_batch
+from .test_triton_cases import PLANS, arguments, assert_matches_reference, make_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -115,3 +116,24 @@ def _on_cuda(problem: Problem) -> Problem:
     hidden, weight, *mtp = (t.detach().cuda().requires_grad_() for t in problem.leaves())
     kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in problem.kwargs.items()}
     return replace(problem, hidden=hidden, weight=weight, mtp_hidden=mtp, kwargs=kwargs)
+
+
+@pytest.mark.parametrize("name", ["sft", "grpo", "distill"])
+def test_forward_reads_the_device_once(name: str) -> None:
+    """Validation, row selection and the chunked kernels ask the GPU for values once (the
+    row counts and checks together): each synchronization idles the GPU while the host
+    catches up, which dominated the step at 3% active rows."""
+    plan = HeadPlan.from_losses(PLANS[name])
+    batch = make_batch(7, 0.03, dtype=torch.bfloat16, device="cuda", **SHAPE)
+    args = arguments(plan, batch)
+    head_loss(batch["hidden"], batch["weight"], plan, **args)  # compile the kernels first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            head_loss(batch["hidden"], batch["weight"], plan, **args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+    assert len(syncs) == 1, syncs
