@@ -284,9 +284,8 @@ def make_peers(chunk_mib: list[int]) -> dict[str, Callable[[str, dict], Callable
         # rows' bf16 logits materialized at once, one per-row kernel, one GEMM per gradient.
         # Stood in for by mtprun's own kernel with a single chunk.
         "monolithic": lambda w, i: mtprun_step(w, i, 1 << 40),
+        "mtprun": lambda w, i: mtprun_step(w, i, None),
     }
-    if not chunk_mib:
-        peers["mtprun"] = lambda w, i: mtprun_step(w, i, None)
     for mib in chunk_mib:
         peers[f"mtprun@{mib}MiB"] = lambda w, i, mib=mib: mtprun_step(w, i, mib << 20)
     return peers
@@ -297,12 +296,15 @@ def run_cell(peer: Callable[[], None], reps: int, warmup: int) -> tuple[float, f
     return timed_ms(peer, reps=reps, warmup=warmup), peak
 
 
-def kernel_table(step: Callable[[], None]) -> str:
-    """CUDA time per kernel over one step (where the time goes)."""
+def kernel_table(step: Callable[[], None], trace: Path | None = None) -> str:
+    """CUDA and host time per op over one step (where the time goes); `trace`: also write
+    the step's timeline there (chrome://tracing, Perfetto) to see where the GPU idles."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         step()
         torch.cuda.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     events = prof.key_averages()
     return "\n".join(
         events.table(sort_by=key, row_limit=12, max_name_column_width=60)
@@ -434,6 +436,9 @@ def main() -> None:
         "--profile", action="store_true", help="print mtprun's CUDA kernel times per cell"
     )
     parser.add_argument(
+        "--trace", type=Path, default=None, help="with --profile: a timeline per cell here"
+    )
+    parser.add_argument(
         "--sweeps", action="store_true", help="GEMM rates per chunk height, row-kernel tiles"
     )
     parser.add_argument(
@@ -475,7 +480,10 @@ def main() -> None:
                     step = peers[name](workload, inputs)
                     cell.ms, cell.peak_gib = run_cell(step, args.reps, args.warmup)
                     if args.profile and name.startswith("mtprun"):
-                        print(kernel_table(step), flush=True)
+                        trace = None
+                        if args.trace is not None:
+                            trace = args.trace / f"{workload}_{active:g}_{name}.json"
+                        print(kernel_table(step, trace), flush=True)
                 except NotImplementedError as exc:
                     cell.note = f"n/a: {exc}"
                 except torch.cuda.OutOfMemoryError:

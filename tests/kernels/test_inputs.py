@@ -120,6 +120,19 @@ def test_non_finite_hidden_outside_the_mask_is_harmless():
     assert torch.isfinite(out.loss) and torch.isfinite(problem.hidden.grad).all()
 
 
+def test_finite_row_whose_sum_overflows_is_accepted():
+    """The quick check sums each row in float32; an overflowing sum of finite values must go
+    to the exact check and pass it, not be reported as non-finite."""
+    problem = make_problem([{"kind": "ce"}], rows=20, active=1.0)
+    huge = torch.finfo(torch.float32).max
+    with torch.no_grad():
+        row = problem.hidden.detach().clone()
+        row[3] = huge
+    assert not torch.isfinite(row[3].sum())
+    problem.hidden = row.requires_grad_()
+    problem.call(head_loss)  # no error: every value is finite
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("memory_budget", 0), ("vocab_tile", -1), ("rows_per_chunk", 0)]
 )

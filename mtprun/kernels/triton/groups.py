@@ -1,14 +1,15 @@
 """Device-side per-row data of one row group: kernel flags, weights and input slices.
 
 A `RowGroup` (mtprun.kernels.inputs) says which rows and terms; `KernelGroup` adds what the
-Triton kernel reads: the compile-time term flags, the [R, 6] weight matrix (each term's
-weight times its aggregation weight), the per-token RL inputs gathered to the rows, and the
-buffers the kernel writes (statistics and values).
+Triton kernel reads: the compile-time term flags, the student rows, the [R, 6] weight matrix
+(each term's weight times its aggregation weight), the per-token RL inputs gathered to the
+rows, and the buffers the kernel writes (statistics and values).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -41,61 +42,83 @@ class TermFlags:
 
 @dataclass
 class KernelGroup:
-    """One row group ready for the kernel. `agg` maps a metric name to its [R] weights."""
+    """One row group ready for the kernel.
+
+    The per-row inputs (weights, aggregation weights, gathered RL inputs) and output buffers
+    are made on first use, inside the chunk loop: their ~20 small launches then queue behind
+    the first logits GEMM instead of delaying it (at 3% active rows the whole step is a few
+    milliseconds and the host prologue showed as GPU idle time).
+    """
 
     group: RowGroup
+    inputs: HeadInputs
     flags: TermFlags
     student: torch.Tensor  # [R, H] student hidden rows (a view when no row is dropped)
     targets: torch.Tensor  # [R] int64 global target ids
-    weights: torch.Tensor  # [R, 6] float32
-    agg: dict[str, torch.Tensor]
-    advantages: torch.Tensor | None
-    old_logprobs: torch.Tensor | None
-    ref_logprobs: torch.Tensor | None
-    stats: torch.Tensor  # [R, 9] float32, written by the kernel
-    values: torch.Tensor  # [R, 9] float32, written by the kernel
 
     @property
     def num_rows(self) -> int:
         return self.targets.shape[0]
 
+    @cached_property
+    def agg(self) -> dict[str, torch.Tensor]:
+        """Metric name -> [R] aggregation weights of that term."""
+        return {
+            term.kind: aggregation_weights(term.loss_agg, self.group, self.inputs.cu_seqlens)
+            for term in self.group.terms
+        }
+
+    @cached_property
+    def weights(self) -> torch.Tensor:
+        """[R, 6] float32: each term's weight times its aggregation weight, by column."""
+        weights = self.targets.new_zeros(self.num_rows, k.NUM_WEIGHTS, dtype=torch.float32)
+        for term in self.group.terms:
+            column = k.WEIGHT_COLUMNS.index(weight_column(term))
+            weights[:, column] += self.agg[term.kind] * (term.weight * self.group.head_scale)
+        return weights
+
+    @cached_property
+    def advantages(self) -> torch.Tensor | None:
+        return self._gathered(self.inputs.advantages)
+
+    @cached_property
+    def old_logprobs(self) -> torch.Tensor | None:
+        return self._gathered(self.inputs.old_logprobs)
+
+    @cached_property
+    def ref_logprobs(self) -> torch.Tensor | None:
+        return self._gathered(self.inputs.ref_logprobs)
+
+    @cached_property
+    def stats(self) -> torch.Tensor:
+        """[R, 9] float32, written by the kernel."""
+        return self.targets.new_zeros(self.num_rows, k.NUM_STATS, dtype=torch.float32)
+
+    @cached_property
+    def values(self) -> torch.Tensor:
+        """[R, 9] float32, written by the kernel."""
+        return self.targets.new_zeros(self.num_rows, k.NUM_VALUES, dtype=torch.float32)
+
+    def _gathered(self, per_token: torch.Tensor | None) -> torch.Tensor | None:
+        return None if per_token is None else per_token[self.group.rows].float().contiguous()
+
 
 def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
     """`argmax`: track each row's argmax (the MTP top-1 agreement needs it)."""
     rows = group.rows
-    n_rows = rows.shape[0]
-    device = inputs.hidden.device
-    weights = torch.zeros(n_rows, k.NUM_WEIGHTS, dtype=torch.float32, device=device)
-    agg: dict[str, torch.Tensor] = {}
-    for term in group.terms:
-        agg[term.kind] = aggregation_weights(term.loss_agg, group, inputs.cu_seqlens)
-        column = k.WEIGHT_COLUMNS.index(weight_column(term))
-        weights[:, column] += agg[term.kind] * (term.weight * group.head_scale)
-    per_token = {
-        name: None if value is None else value[rows].float().contiguous()
-        for name, value in (
-            ("advantages", inputs.advantages),
-            ("old_logprobs", inputs.old_logprobs),
-            ("ref_logprobs", inputs.ref_logprobs),
-        )
-    }
     flags = term_flags(
         group,
-        has_old=per_token["old_logprobs"] is not None,
-        has_ref=per_token["ref_logprobs"] is not None,
+        has_old=inputs.old_logprobs is not None,
+        has_ref=inputs.ref_logprobs is not None,
         argmax=argmax,
     )
-    student = group.student if n_rows == group.student.shape[0] else group.student[rows]
+    student = group.student if rows.shape[0] == group.student.shape[0] else group.student[rows]
     return KernelGroup(
         group=group,
+        inputs=inputs,
         flags=flags,
         student=student,
         targets=group.targets.contiguous(),
-        weights=weights,
-        agg=agg,
-        stats=torch.zeros(n_rows, k.NUM_STATS, dtype=torch.float32, device=device),
-        values=torch.zeros(n_rows, k.NUM_VALUES, dtype=torch.float32, device=device),
-        **per_token,
     )
 
 
