@@ -46,6 +46,16 @@ def publish(partial: Path, driver_state: dict) -> Path:
     return final
 
 
+def prune(root: Path, keep: int, protected: set[int]) -> list[int]:
+    """Delete all but the newest `keep` complete checkpoints, never one in `protected`;
+    returns the deleted steps. The newest stays whatever `protected` says."""
+    done = steps(root)
+    deleted = [step for step in done[:-keep] if step not in protected]
+    for step in deleted:
+        shutil.rmtree(step_dir(root, step))
+    return deleted
+
+
 def steps(root: Path) -> list[int]:
     """Steps of the complete checkpoints under `root`, ascending."""
     if not root.is_dir():

@@ -263,3 +263,10 @@ class Driver:
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
         log.info("checkpoint: %s", final)
+        keep = self.recipe.trainer.keep_checkpoints
+        if keep is not None:
+            # Stage ends stay: the next stage and `mtprun export --step` start from them.
+            stage_ends = {stage.last_step for stage in self.stages}
+            deleted = checkpoint.prune(self.run_dir.checkpoints, keep, stage_ends)
+            if deleted:
+                log.info("deleted old checkpoints of steps %s", ", ".join(map(str, deleted)))

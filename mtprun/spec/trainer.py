@@ -27,3 +27,11 @@ class TrainerSection(Section):
     checkpoint_every: int | None = Field(
         None, ge=1, description="Save a checkpoint every N steps; null saves only at the end."
     )
+    keep_checkpoints: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Keep only the newest N checkpoints (each holds the optimizer state and an HF "
+            "copy of the policy); stage ends are always kept. Null keeps every checkpoint."
+        ),
+    )

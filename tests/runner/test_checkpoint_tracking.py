@@ -25,6 +25,19 @@ def test_publish_is_atomic_and_latest_follows(tmp_path):
         checkpoint.resolve(root, 3)
 
 
+def test_prune_keeps_the_newest_and_the_protected_steps(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (10, 20, 30, 40, 50):
+        checkpoint.publish(checkpoint.begin(root, step), {"step": step})
+    checkpoint.begin(root, 60)  # an unfinished save is not a checkpoint to count or delete
+    deleted = checkpoint.prune(root, keep=2, protected={20})
+    assert deleted == [10, 30]
+    assert checkpoint.steps(root) == [20, 40, 50]
+    assert checkpoint.latest(root) == 50
+    assert checkpoint.step_dir(root, 60).with_suffix(".partial").is_dir()
+    assert checkpoint.prune(root, keep=1, protected={20, 50}) == [40]
+
+
 def test_export_copies_the_hf_folder(tmp_path):
     template = tmp_path / "model"
     template.mkdir()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from mtprun.runner import checkpoint
+
 from .cli_run import (
     E2E_TINY,
     ENV,
@@ -88,7 +90,12 @@ def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
             "model": {"tiny": E2E_TINY},
             "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 256},
             "losses": [{"kind": "ce"}, {"kind": "z_loss"}],
-            "trainer": {"lr": 3e-3, "steps": STEPS},
+            "trainer": {
+                "lr": 3e-3,
+                "steps": STEPS,
+                "checkpoint_every": 2,
+                "keep_checkpoints": 2,
+            },
         },
     )
     code, out = finish(start(recipe, "--ray-address", ray_head, cwd=tmp_path))
@@ -116,4 +123,7 @@ def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
     assert losses[-1] < losses[0], losses  # it learns
     assert record.run.data.params["data.source"] == "arithmetic"
     assert (run_dir / "export" / "final" / "model.safetensors").exists()
+    # Saved at steps 2, 4 and 6; only the newest two are kept.
+    assert checkpoint.steps(run_dir / "checkpoints") == [STEPS - 2, STEPS]
+    assert "deleted old checkpoints of steps 2" in log
     assert actor_pids(log) and still_running(actor_pids(log)) == set()  # the cluster keeps running
