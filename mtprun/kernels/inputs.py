@@ -6,6 +6,7 @@ backend rejects the same bad inputs with the same messages and computes the same
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -187,7 +188,8 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
     # before the first GEMM can be queued).
     seq_of_row = sequence_ids(cu_seqlens, n) if plan.mtp_depths else None
     draft_valid = [mtp_valid(mask, seq_of_row, k) for k in plan.mtp_depths]
-    targets_min, targets_max = torch.aminmax(inputs.targets) if n else (n, n)
+    no_targets = inputs.targets.new_zeros(())
+    targets_min, targets_max = torch.aminmax(inputs.targets) if n else (no_targets, no_targets)
     read = _read_at_once(
         targets_min=targets_min,
         targets_max=targets_max,
@@ -196,8 +198,8 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
         cu_falls=(cu_seqlens[1:] < cu_seqlens[:-1]).any(),
         policy_rows=mask.sum(),
         draft_rows=[valid.sum() for valid in draft_valid],
-        finite=[
-            _rows_look_finite(student, selected)
+        selected_sums=[
+            _selected_sum(student, selected)
             for student, selected in zip(
                 (inputs.hidden, *inputs.mtp_hidden), (mask, *draft_valid), strict=True
             )
@@ -248,18 +250,22 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
                 trains_weight=mtp.train_shared_output,
             )
         )
-    for group, finite in zip(groups, read["finite"], strict=True):
-        if not finite:  # a selected row's sum is not finite: a NaN/inf, or a huge row?
+    for group, total in zip(groups, read["selected_sums"], strict=True):
+        if not math.isfinite(total):  # a NaN/inf in a selected row, or only a huge sum?
             _check_finite_rows(group)
     return groups
 
 
-def _read_at_once(**scalars: torch.Tensor | int | list[torch.Tensor]) -> dict:
-    """The 0-d integer or bool tensors (or lists of them) as Python ints, read in one device
-    transfer; stack promotes the dtypes in the same kernel."""
+def _read_at_once(**scalars: torch.Tensor | list[torch.Tensor]) -> dict:
+    """The 0-d tensors (or lists of them) as Python numbers, read in one device transfer:
+    stack promotes them to one dtype in the same kernel (float64 when a float64 is among
+    them, exact for integers up to 2**53); integer and bool tensors come back as ints."""
     flat = [t for v in scalars.values() for t in (v if isinstance(v, list) else [v])]
-    device = next(t.device for t in flat if isinstance(t, torch.Tensor))
-    values = iter(torch.stack([torch.as_tensor(t, device=device) for t in flat]).tolist())
+    numbers = torch.stack(flat).tolist()
+    values = iter(
+        number if t.dtype.is_floating_point else int(number)
+        for t, number in zip(flat, numbers, strict=True)
+    )
     return {
         name: [next(values) for _ in v] if isinstance(v, list) else next(values)
         for name, v in scalars.items()
@@ -430,12 +436,13 @@ def _cu_seqlens_error(bounds: torch.Tensor, n: int) -> ValueError:
     )
 
 
-def _rows_look_finite(student: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """0-d bool: every selected row has a finite float32 sum. A NaN or inf makes its row's
-    sum non-finite; a finite row whose sum overflows only sends the caller to the exact
-    check. One read of `student`, where isfinite(student).all() made five full passes."""
+def _selected_sum(student: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """0-d float64: the sum of the selected rows' values. A NaN or inf in a selected row
+    makes it non-finite; so can an overflow of finite values, which only sends the caller
+    to the exact check. One read of `student` and three launches, where
+    isfinite(student).all() made five full passes."""
     row_sums = student.sum(dim=1, dtype=torch.float32)
-    return torch.where(selected, row_sums, 0.0).isfinite().all()
+    return torch.where(selected, row_sums, 0.0).sum(dtype=torch.float64)
 
 
 def _check_finite_rows(group: RowGroup) -> None:
