@@ -6,13 +6,8 @@ from mtprun.data.messages import Message
 from mtprun.data.tasks import get_reward, get_task
 
 
-def test_addition_prompts_are_seeded_single_digit_sums() -> None:
-    task = get_task("addition")
-    seed = random.randrange(10_000)
-    prompts = task.prompts(50, seed)
-    assert prompts == task.prompts(50, seed)
-    assert prompts != task.prompts(50, seed + 1)
-    for prompt in prompts:
+def test_addition_prompts_are_single_digit_sums() -> None:
+    for prompt in get_task("addition").prompts(50, random.randrange(10_000)):
         (question,) = prompt.messages
         a, b = question.content.removesuffix("=").split("+")
         assert len(a) == len(b) == 1

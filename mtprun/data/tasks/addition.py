@@ -5,22 +5,16 @@ fast."""
 
 from __future__ import annotations
 
-from mtprun.data.messages import Conversation, Message
-from mtprun.data.tasks.base import Prompt, Task, rng_for
+import random
+
+from mtprun.data.tasks.base import DrawnTask
 
 
-class AdditionTask(Task):
+class AdditionTask(DrawnTask):
     """Sums a+b of integers a, b in [0, 9], drawn uniformly (with replacement)."""
 
     name = "addition"
 
-    def prompts(self, n: int, seed: int) -> list[Prompt]:
-        rng = rng_for(self.name, seed)
-        out = []
-        for _ in range(n):
-            a, b = rng.randint(0, 9), rng.randint(0, 9)
-            out.append(Prompt((Message("user", f"{a}+{b}="),), str(a + b)))
-        return out
-
-    def expert_reply(self, conversation: Conversation, prompt: Prompt) -> Message:
-        return Message("assistant", prompt.answer)
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        return f"{a}+{b}=", str(a + b)

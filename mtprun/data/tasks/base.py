@@ -34,9 +34,11 @@ class Task(ABC):
     def prompts(self, n: int, seed: int) -> list[Prompt]:
         """`n` prompts, the same for the same seed."""
 
-    @abstractmethod
     def expert_reply(self, conversation: Conversation, prompt: Prompt) -> Message:
-        """The scripted expert's next assistant message: the oracle behind demonstrations."""
+        """The scripted expert's next assistant message: the oracle behind demonstrations.
+        By default it states the reference answer (single-turn tasks); tool tasks override
+        it."""
+        return Message("assistant", prompt.answer)
 
     def tool_response(self, conversation: Conversation) -> Message | None:
         """The environment's answer to the last assistant turn, or None when it ends the
@@ -57,6 +59,19 @@ class Task(ABC):
     def sft_examples(self, n: int, seed: int) -> list[Conversation]:
         """`n` expert demonstrations: SFT data for a warm start."""
         return [self.demonstration(p) for p in self.prompts(n, seed)]
+
+
+class DrawnTask(Task):
+    """A task whose prompts are one user question each, drawn one by one from a stream
+    seeded by the task's name and the seed."""
+
+    def prompts(self, n: int, seed: int) -> list[Prompt]:
+        rng = rng_for(self.name, seed)
+        return [Prompt((Message("user", q),), a) for q, a in (self.draw(rng) for _ in range(n))]
+
+    @abstractmethod
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        """One (question, reference answer) pair from `rng`."""
 
 
 def rng_for(task: str, seed: int) -> random.Random:

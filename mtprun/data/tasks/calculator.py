@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ast
 import operator
+import random
 import re
 from collections.abc import Callable
 
 from mtprun.data.messages import Conversation, Message, ToolCall
-from mtprun.data.tasks.base import Prompt, Task, rng_for
+from mtprun.data.tasks.base import DrawnTask, Prompt
 
 TOOL_NAME = "calculator"
 _OPERATORS: dict[type[ast.operator], tuple[str, Callable[[int, int], int]]] = {
@@ -33,19 +34,14 @@ class CalculatorError(ValueError):
     pass
 
 
-class CalculatorToolTask(Task):
+class CalculatorToolTask(DrawnTask):
     """Prompts `a*b+c` with two-digit factors: hard to do in one's head, easy with the tool."""
 
     name = "calculator_tool"
 
-    def prompts(self, n: int, seed: int) -> list[Prompt]:
-        rng = rng_for(self.name, seed)
-        out = []
-        for _ in range(n):
-            a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(1, 99)
-            question = f"What is {a}*{b}+{c}?"
-            out.append(Prompt((Message("user", question),), str(a * b + c)))
-        return out
+    def draw(self, rng: random.Random) -> tuple[str, str]:
+        a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(1, 99)
+        return f"What is {a}*{b}+{c}?", str(a * b + c)
 
     def expert_reply(self, conversation: Conversation, prompt: Prompt) -> Message:
         if conversation[-1].role == "tool":

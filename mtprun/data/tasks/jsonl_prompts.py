@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mtprun.data.jsonl import Records, read_jsonl
-from mtprun.data.messages import Conversation, ConversationError, Message, parse_conversation
+from mtprun.data.messages import ConversationError, parse_conversation
 from mtprun.data.tasks.base import Prompt, Task, rng_for
 
 
@@ -26,9 +26,6 @@ class JsonlPromptTask(Task):
         order = list(range(len(self.file_prompts)))
         rng_for(self.name, seed).shuffle(order)
         return [self.file_prompts[order[i % len(order)]] for i in range(n)]
-
-    def expert_reply(self, conversation: Conversation, prompt: Prompt) -> Message:
-        return Message("assistant", prompt.answer)
 
 
 def read_prompts(path: str | Path) -> Records[Prompt]:
