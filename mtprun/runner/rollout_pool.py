@@ -33,7 +33,8 @@ class RolloutPool:
         self.max_retries = max_retries
         self.restarts = 0
         self._weights: Any = None  # ObjectRef of the newest policy weights, for restarted engines
-        self._spec_seen: dict[int, dict[str, float]] = {}  # per engine
+        # Per engine: its pid and its counters at the previous spec_decode_step.
+        self._spec_seen: dict[int, tuple[int, dict[str, float]]] = {}
         self.pids = ray.get([a.pid.remote() for a in actors])
 
     @classmethod
@@ -100,17 +101,22 @@ class RolloutPool:
                     attempt,
                     self.max_retries,
                 )
-                self._recover(i)
+                synced_s = self._recover(i)
+                if method == "update_weights" and synced_s is not None:
+                    return synced_s  # the recovery's weight sync was this very call
                 ref = getattr(self.actors[i], method).remote(*args)
         raise AssertionError("unreachable")
 
-    def _recover(self, i: int) -> None:
-        actor = self.actors[i]
+    def _recover(self, i: int) -> float | None:
+        """Wait for Ray to restart engine i and sync the newest weights into it; returns the
+        sync's seconds (None before the first sync: the restart loaded the stage's weights)."""
         self.pids[i] = self._wait_until_up(i)
         self.restarts += 1
+        synced_s = None
         if self._weights is not None:
-            ray.get(actor.update_weights.remote(self._weights))
+            synced_s = ray.get(self.actors[i].update_weights.remote(self._weights))
         log.warning("rollout engine %d restarted (new pid %s), weights re-synced", i, self.pids[i])
+        return synced_s
 
     def _wait_until_up(self, i: int) -> int:
         """The pid of engine i once Ray has restarted it (its engine loaded)."""
@@ -135,12 +141,12 @@ class RolloutPool:
         calls = {i: () for i in range(len(self.actors))}
         delta: dict[str, float] = {}
         for i, now in self._on_engines("spec_decode_counters", calls).items():
-            seen = self._spec_seen.get(i, {})
-            restarted = any(v < seen.get(k, 0.0) for k, v in now.items())
+            seen_pid, seen = self._spec_seen.get(i, (self.pids[i], {}))
+            if seen_pid != self.pids[i]:  # restarted since: its counters began again at 0
+                seen = {}
             for key, value in now.items():
-                step = value if restarted else value - seen.get(key, 0.0)
-                delta[key] = delta.get(key, 0.0) + step
-            self._spec_seen[i] = now
+                delta[key] = delta.get(key, 0.0) + value - seen.get(key, 0.0)
+            self._spec_seen[i] = (self.pids[i], now)
         return spec_decode_metrics(delta)
 
     def shutdown(self) -> None:
