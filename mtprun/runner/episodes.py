@@ -128,7 +128,7 @@ class EpisodeCollector:
         if reply is None:
             return False
         inserted = self.renderer.continuation(episode.conversation, [reply])
-        context = len(episode.builder.build()) + len(inserted)
+        context = episode.builder.num_tokens + len(inserted)
         if last_turn or context + self.max_tokens > self.max_model_len:
             episode.truncated = True  # the tool answered, but no turn (or room) is left
             return False
