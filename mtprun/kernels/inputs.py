@@ -205,29 +205,22 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
             )
         ],
     )
-    _check_values(read, inputs)
+    check_values(read, inputs)
     if seq_of_row is None:
         seq_of_row = sequence_ids(cu_seqlens, n)
 
-    policy_terms = tuple(t for t in plan.terms if t.kind != "mtp")
     if plan.compact_mask:
         rows = _indices(mask, read["policy_rows"])
     else:
         rows = torch.arange(n, device=mask.device)
-    distill = plan.term("distill")
     groups = [
-        RowGroup(
-            name="policy",
-            terms=policy_terms,
-            student=inputs.hidden,
+        policy_group(
+            plan,
+            inputs,
             rows=rows,
             valid=mask[rows],
             seq_ids=seq_of_row[rows],
             targets=inputs.targets[rows],
-            teacher=inputs.teacher_hidden,
-            teacher_weight=inputs.teacher_weight,
-            teacher_rows=rows if distill is not None else None,
-            teacher_temperature=distill.temperature if distill is not None else 1.0,
         )
     ]
     mtp = plan.term("mtp")
@@ -252,8 +245,34 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
         )
     for group, total in zip(groups, read["selected_sums"], strict=True):
         if not math.isfinite(total):  # a NaN/inf in a selected row, or only a huge sum?
-            _check_finite_rows(group)
+            check_finite_rows(group)
     return groups
+
+
+def policy_group(
+    plan: HeadPlan,
+    inputs: HeadInputs,
+    *,
+    rows: torch.Tensor,
+    valid: torch.Tensor,
+    seq_ids: torch.Tensor,
+    targets: torch.Tensor,
+) -> RowGroup:
+    """The policy group over the selected `rows` of `hidden` (fields as in RowGroup)."""
+    distill = plan.term("distill")
+    return RowGroup(
+        name="policy",
+        terms=tuple(t for t in plan.terms if t.kind != "mtp"),
+        student=inputs.hidden,
+        rows=rows,
+        valid=valid,
+        seq_ids=seq_ids,
+        targets=targets,
+        teacher=inputs.teacher_hidden,
+        teacher_weight=inputs.teacher_weight,
+        teacher_rows=rows if distill is not None else None,
+        teacher_temperature=distill.temperature if distill is not None else 1.0,
+    )
 
 
 def _read_at_once(**scalars: torch.Tensor | list[torch.Tensor]) -> dict:
@@ -272,7 +291,9 @@ def _read_at_once(**scalars: torch.Tensor | list[torch.Tensor]) -> dict:
     }
 
 
-def _check_values(read: dict, inputs: HeadInputs) -> None:
+def check_values(read: dict, inputs: HeadInputs) -> None:
+    """Raise on targets outside the vocabulary or cu_seqlens not rising from 0 to N, given
+    those values read from the device (targets_min/max, cu_first/last, cu_falls)."""
     n, vocab_size = inputs.num_rows, inputs.vocab_size
     if n and (read["targets_min"] < 0 or read["targets_max"] >= vocab_size):
         raise ValueError(
@@ -445,7 +466,8 @@ def _selected_sum(student: torch.Tensor, selected: torch.Tensor) -> torch.Tensor
     return torch.where(selected, row_sums, 0.0).sum(dtype=torch.float64)
 
 
-def _check_finite_rows(group: RowGroup) -> None:
+def check_finite_rows(group: RowGroup) -> None:
+    """Raise, naming the first one, if a valid row of the group holds a NaN or inf."""
     finite_rows = torch.isfinite(group.student).all(dim=1)
     rows = group.rows[group.valid]
     bad = ~finite_rows[rows]

@@ -1,6 +1,7 @@
-"""Every variant of the Triton row kernel compiles for an H100 (sm_90) on a machine without a
-GPU: Triton's bundled ptxas builds the cubin. This catches what the interpreter accepts but
-the compiler refuses (a non-constexpr global, a type mismatch in a loop-carried value)."""
+"""Every variant of the Triton row kernel, and the row-selection kernels, compile for an
+H100 (sm_90) on a machine without a GPU: Triton's bundled ptxas builds the cubin. This
+catches what the interpreter accepts but the compiler refuses (a non-constexpr global, a
+type mismatch in a loop-carried value)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mtprun.kernels.triton import rows  # noqa: E402
+from mtprun.kernels.triton import rows, select  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
 MINIMAL = {
@@ -77,3 +78,29 @@ def test_row_kernel_compiles_for_sm90(mode: str, flags: str, logits_type: str) -
     )
     compiled = triton.compile(source, target=H100, options={"num_warps": 8})
     assert compiled.asm["cubin"]
+
+
+def _selection_signature(kernel, hidden_type: str) -> dict[str, str]:
+    pointers = {"mask_ptr": "*i1", "hidden_ptr": f"*{hidden_type}"}
+    pointers["student_out_ptr"] = f"*{hidden_type}"
+    signature = {}
+    for name in inspect.signature(kernel.fn).parameters:
+        if name.isupper():
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointers.get(name, "*i64")
+        else:
+            signature[name] = "i32"
+    return signature
+
+
+@pytest.mark.parametrize("hidden_type", ["bf16", "fp32"])
+@pytest.mark.parametrize("kernel", ["count_rows_kernel", "compact_rows_kernel"])
+def test_selection_kernels_compile_for_sm90(kernel: str, hidden_type: str) -> None:
+    fn = getattr(select, kernel)
+    constexprs = {"BLOCK_R": 16, "BLOCK_H": 256}
+    constexprs.update({"BLOCK_S": 1024} if kernel == "count_rows_kernel" else {"BLOCK_P": 512})
+    source = ASTSource(
+        fn=fn, signature=_selection_signature(fn, hidden_type), constexprs=constexprs
+    )
+    assert triton.compile(source, target=H100, options={"num_warps": 4}).asm["cubin"]

@@ -137,3 +137,20 @@ def test_forward_reads_the_device_once(name: str) -> None:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
     assert len(syncs) == 1, syncs
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_hidden_is_rejected_only_under_the_mask(value: float) -> None:
+    """The row-selection kernel's finiteness check, compiled (the interpreter runs numpy)."""
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    batch = make_batch(8, 0.5, dtype=torch.bfloat16, device="cuda", **SHAPE)
+    args = arguments(plan, batch)
+    masked, selected = (int(torch.nonzero(batch["loss_mask"] == m)[5]) for m in (False, True))
+    with torch.no_grad():
+        batch["hidden"][masked, 100] = value
+    out = head_loss(batch["hidden"], batch["weight"], plan, **args)
+    assert bool(torch.isfinite(out.loss))
+    with torch.no_grad():
+        batch["hidden"][selected, 3] = value
+    with pytest.raises(ValueError, match=f"non-finite values .* 1 row.*first at row {selected}"):
+        head_loss(batch["hidden"], batch["weight"], plan, **args)

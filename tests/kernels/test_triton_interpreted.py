@@ -21,7 +21,9 @@ pytest.importorskip("triton")
 import torch
 
 from mtprun.compiler import HeadPlan
+from mtprun.kernels.inputs import row_groups, validate
 from mtprun.kernels.triton import head_loss_triton, launch, rows
+from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 
 from .test_triton_cases import (
     PLANS,
@@ -178,3 +180,63 @@ def test_float32_teacher_for_a_bfloat16_student() -> None:
     batch["teacher_hidden"] = batch["teacher_hidden"].float()
     batch["teacher_weight"] = batch["teacher_weight"].float()
     assert_matches_reference(head_loss_triton, plan, batch, 3e-2)
+
+
+def _validated(plan: HeadPlan, batch: dict):
+    args = arguments(plan, batch)
+    return validate(plan, batch["hidden"].detach(), batch["weight"].detach(), **args)
+
+
+@pytest.mark.parametrize("active", [0.0, 0.03, 0.5, 1.0])
+def test_device_row_selection_matches_row_groups(active: float) -> None:
+    """Several programs (16 rows each), many packed sequences, a hidden size over one tile."""
+    plan = HeadPlan.from_losses(PLANS["grpo"])
+    batch = make_batch(int(active * 100) + 5, active, n=1000, h=300, v=50)
+    batch["cu_seqlens"] = torch.tensor([0, 1, 2, 17, 300, 301, 640, 999, 1000])
+    inputs = _validated(plan, batch)
+    assert selects_on_device(plan, inputs)
+    group, student = select_policy_rows(plan, inputs)
+    (expected,) = row_groups(plan, inputs)
+    for field in ("rows", "valid", "seq_ids", "targets"):
+        assert torch.equal(getattr(group, field), getattr(expected, field)), field
+    assert torch.equal(student, inputs.hidden[expected.rows])
+
+
+def _poisoned(row_value: float, *, selected: bool) -> dict:
+    batch = make_batch(9, 0.5, n=200, h=40, v=50)
+    row = int(torch.nonzero(batch["loss_mask"] == selected)[3])
+    with torch.no_grad():
+        batch["hidden"][row, 37] = row_value
+    return batch
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_device_row_selection_rejects_non_finite_selected_rows(value: float) -> None:
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    with pytest.raises(ValueError, match=r"hidden holds non-finite values .* 1 row"):
+        select_policy_rows(plan, _validated(plan, _poisoned(value, selected=True)))
+
+
+def test_device_row_selection_ignores_non_finite_masked_rows() -> None:
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    batch = _poisoned(float("nan"), selected=False)
+    group, _ = select_policy_rows(plan, _validated(plan, batch))
+    assert group.num_rows == int(batch["loss_mask"].sum())
+
+
+@pytest.mark.parametrize(
+    ("field", "index", "value", "message"),
+    [
+        ("targets", 150, 50, r"targets must lie in \[0, 50\).*\[0, 50\]"),
+        ("targets", 7, -1, r"targets must lie in \[0, 50\).*\[-1, "),
+        ("cu_seqlens", 2, 20, "cu_seqlens must rise from 0 to N=200"),
+        ("cu_seqlens", 3, 199, "cu_seqlens must rise from 0 to N=200"),
+    ],
+)
+def test_device_row_selection_rejects_bad_values(field, index, value, message) -> None:
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    batch = make_batch(4, 0.5, n=200, h=40, v=50)
+    batch["cu_seqlens"] = torch.tensor([0, 30, 60, 200])
+    batch[field][index] = value
+    with pytest.raises(ValueError, match=message):
+        select_policy_rows(plan, _validated(plan, batch))

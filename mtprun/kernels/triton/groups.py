@@ -103,8 +103,11 @@ class KernelGroup:
         return None if per_token is None else per_token[self.group.rows].float().contiguous()
 
 
-def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
-    """`argmax`: track each row's argmax (the MTP top-1 agreement needs it)."""
+def build(
+    group: RowGroup, inputs: HeadInputs, *, argmax: bool, student: torch.Tensor | None = None
+) -> KernelGroup:
+    """`argmax`: track each row's argmax (the MTP top-1 agreement needs it). `student`: the
+    group's rows of its student hidden when already gathered."""
     rows = group.rows
     flags = term_flags(
         group,
@@ -112,7 +115,9 @@ def build(group: RowGroup, inputs: HeadInputs, *, argmax: bool) -> KernelGroup:
         has_ref=inputs.ref_logprobs is not None,
         argmax=argmax,
     )
-    student = group.student if rows.shape[0] == group.student.shape[0] else group.student[rows]
+    if student is None:
+        full = rows.shape[0] == group.student.shape[0]
+        student = group.student if full else group.student[rows]
     return KernelGroup(
         group=group,
         inputs=inputs,

@@ -14,6 +14,7 @@ from mtprun.kernels.triton import groups as kg
 from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.engine import DEFAULT_CHUNK_BYTES, run_chunks
 from mtprun.kernels.triton.groups import KernelGroup
+from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 
 
 def head_loss_triton(
@@ -68,8 +69,7 @@ def head_loss_triton(
     need_weight_grad = torch.is_grad_enabled() and weight.requires_grad
     with torch.no_grad():
         detached = _detached(inputs)
-        argmax = bool(plan.mtp_depths)
-        groups = [kg.build(g, detached, argmax=argmax) for g in row_groups(plan, inputs)]
+        groups = _kernel_groups(plan, detached)
         policy, drafts = groups[0], groups[1:]
         teacher_positions = [_teacher_positions(policy, d) for d in drafts]
         distill_teacher = inputs.teacher_hidden
@@ -122,6 +122,14 @@ class _PrecomputedGrads(torch.autograd.Function):
                 if grad is not None:
                     grad.mul_(grad_loss.to(grad.dtype))
         return None, None, *grads
+
+
+def _kernel_groups(plan: HeadPlan, inputs: HeadInputs) -> list[KernelGroup]:
+    if selects_on_device(plan, inputs):
+        group, student = select_policy_rows(plan, inputs)
+        return [kg.build(group, inputs, argmax=False, student=student)]
+    argmax = bool(plan.mtp_depths)
+    return [kg.build(g, inputs, argmax=argmax) for g in row_groups(plan, inputs)]
 
 
 def _detached(inputs: HeadInputs) -> HeadInputs:

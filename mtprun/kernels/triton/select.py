@@ -1,0 +1,227 @@
+"""Policy-row selection on the GPU in two launches and one device read.
+
+The generic `row_groups` (mtprun.kernels.inputs) issues ~30 small torch ops before the first
+logits GEMM can be queued. At 3% active rows the whole step is a few milliseconds, and the
+GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
+
+1. `count_rows_kernel`: each program takes a block of rows and writes one row of
+   `partials` [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
+   min and max target; program 0 adds the cu_seqlens checks (falls, first, last). The host
+   reads `partials` once.
+2. `compact_rows_kernel`: each program finds its output offset by summing the counts of the
+   programs before it (still on the device), then writes its selected rows' indices,
+   targets, sequence ids and hidden rows, compacted and in order.
+
+Used for plans without MTP heads (their draft rows pair rows t and t+k, which the generic
+path selects) that compact the mask. Same checks and messages as `row_groups`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from mtprun.compiler import HeadPlan
+from mtprun.kernels.inputs import (
+    HeadInputs,
+    RowGroup,
+    check_finite_rows,
+    check_values,
+    policy_group,
+)
+
+_BLOCK_R = 16  # rows per tile
+_BLOCK_H = 256  # hidden columns per tile
+_BLOCK_S = 1024  # cu_seqlens entries per tile
+_MAX_PROGRAMS = 512
+_COLUMNS = 8  # of `partials`: count, nonfinite, target min, target max, cu falls, first, last
+_PARTIALS_STRIDE = tl.constexpr(_COLUMNS)
+
+
+@triton.jit
+def count_rows_kernel(
+    mask_ptr,
+    targets_ptr,
+    hidden_ptr,
+    stride_hidden,
+    cu_ptr,
+    num_seqs,
+    num_rows,
+    hidden_size,
+    rows_per_program,
+    partials_ptr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Rows [pid * rows_per_program, +rows_per_program): counts, finiteness, target range."""
+    pid = tl.program_id(0)
+    first = pid * rows_per_program
+    stop = tl.minimum(first + rows_per_program, num_rows)
+    cols = tl.arange(0, BLOCK_H)
+    target_min = tl.load(targets_ptr + first)
+    target_max = target_min
+    count = 0
+    nonfinite = 0
+    for block in range(first, stop, BLOCK_R):
+        rows = block + tl.arange(0, BLOCK_R)
+        inside = rows < stop
+        selected = tl.load(mask_ptr + rows, mask=inside, other=0) != 0
+        targets = tl.load(targets_ptr + rows, mask=inside, other=0)
+        target_min = tl.minimum(target_min, tl.min(tl.where(inside, targets, target_min), 0))
+        target_max = tl.maximum(target_max, tl.max(tl.where(inside, targets, target_max), 0))
+        count += tl.sum(selected.to(tl.int32), 0)
+        row_ptr = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hidden
+        bad = tl.zeros((BLOCK_R,), dtype=tl.int32)
+        for start in range(0, hidden_size, BLOCK_H):
+            in_row = selected[:, None] & (start + cols < hidden_size)[None, :]
+            x = tl.load(row_ptr + start + cols[None, :], mask=in_row, other=0.0).to(tl.float32)
+            nonfinite_value = (x != x) | (tl.abs(x) == float("inf"))
+            bad = tl.maximum(bad, tl.max(nonfinite_value.to(tl.int32), 1))
+        nonfinite += tl.sum(bad, 0)
+    out = partials_ptr + pid * _PARTIALS_STRIDE
+    tl.store(out + 0, count.to(tl.int64))
+    tl.store(out + 1, nonfinite.to(tl.int64))
+    tl.store(out + 2, target_min.to(tl.int64))
+    tl.store(out + 3, target_max.to(tl.int64))
+    falls = 0
+    cu_first = tl.zeros((), dtype=tl.int64)
+    cu_last = tl.zeros((), dtype=tl.int64)
+    if pid == 0:
+        for block in range(0, num_seqs, BLOCK_S):
+            seqs = block + tl.arange(0, BLOCK_S)
+            inside = seqs < num_seqs
+            low = tl.load(cu_ptr + seqs, mask=inside, other=0)
+            high = tl.load(cu_ptr + seqs + 1, mask=inside, other=0)
+            falls += tl.sum((high < low).to(tl.int32), 0)
+        cu_first = tl.load(cu_ptr).to(tl.int64)
+        cu_last = tl.load(cu_ptr + num_seqs).to(tl.int64)
+    tl.store(out + 4, falls.to(tl.int64))
+    tl.store(out + 5, cu_first)
+    tl.store(out + 6, cu_last)
+
+
+@triton.jit
+def compact_rows_kernel(
+    mask_ptr,
+    targets_ptr,
+    hidden_ptr,
+    stride_hidden,
+    cu_ptr,
+    num_seqs,
+    search_steps,
+    num_rows,
+    hidden_size,
+    rows_per_program,
+    partials_ptr,
+    rows_out_ptr,
+    targets_out_ptr,
+    seq_ids_out_ptr,
+    student_out_ptr,
+    stride_student,
+    BLOCK_R: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """Writes the selected rows of this program's block at its offset among all programs.
+    Sequence id of row r: the number of cu_seqlens[1:] entries <= r (binary search)."""
+    pid = tl.program_id(0)
+    programs = tl.arange(0, BLOCK_P)
+    before = tl.load(partials_ptr + programs * _PARTIALS_STRIDE, mask=programs < pid, other=0)
+    offset = tl.sum(before, 0)
+    first = pid * rows_per_program
+    stop = tl.minimum(first + rows_per_program, num_rows)
+    cols = tl.arange(0, BLOCK_H)
+    for block in range(first, stop, BLOCK_R):
+        rows = block + tl.arange(0, BLOCK_R)
+        selected = tl.load(mask_ptr + rows, mask=rows < stop, other=0) != 0
+        dest = offset + tl.cumsum(selected.to(tl.int64), 0) - 1
+        tl.store(rows_out_ptr + dest, rows.to(tl.int64), mask=selected)
+        targets = tl.load(targets_ptr + rows, mask=selected, other=0)
+        tl.store(targets_out_ptr + dest, targets, mask=selected)
+        low = tl.zeros((BLOCK_R,), dtype=tl.int32)
+        high = tl.zeros((BLOCK_R,), dtype=tl.int32) + num_seqs
+        for _ in range(search_steps):
+            open_ = selected & (low < high)
+            mid = (low + high) // 2
+            bound = tl.load(cu_ptr + 1 + mid, mask=open_, other=0)
+            right = bound <= rows
+            low = tl.where(open_ & right, mid + 1, low)
+            high = tl.where(open_ & ~right, mid, high)
+        tl.store(seq_ids_out_ptr + dest, low.to(tl.int64), mask=selected)
+        src = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hidden
+        dst = student_out_ptr + dest[:, None] * stride_student
+        for start in range(0, hidden_size, BLOCK_H):
+            in_row = selected[:, None] & (start + cols < hidden_size)[None, :]
+            x = tl.load(src + start + cols[None, :], mask=in_row)
+            tl.store(dst + start + cols[None, :], x, mask=in_row)
+        offset += tl.sum(selected.to(tl.int64), 0)
+
+
+def selects_on_device(plan: HeadPlan, inputs: HeadInputs) -> bool:
+    """Whether `select_policy_rows` handles this call (else use `row_groups`)."""
+    unit_strides = (
+        inputs.hidden.stride(1) == 1
+        and inputs.loss_mask.stride(0) == 1
+        and inputs.targets.stride(0) == 1
+        and inputs.cu_seqlens.stride(0) == 1
+    )
+    return not plan.mtp_depths and plan.compact_mask and inputs.num_rows > 0 and unit_strides
+
+
+def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, torch.Tensor]:
+    """The policy group of `row_groups` and its compacted [R, H] hidden rows."""
+    n, hidden = inputs.num_rows, inputs.hidden
+    rows_per_program = _BLOCK_R * triton.cdiv(triton.cdiv(n, _MAX_PROGRAMS), _BLOCK_R)
+    programs = triton.cdiv(n, rows_per_program)
+    partials = torch.empty(programs, _COLUMNS, dtype=torch.int64, device=hidden.device)
+    common = (inputs.loss_mask, inputs.targets, hidden, hidden.stride(0), inputs.cu_seqlens)
+    num_seqs = inputs.cu_seqlens.shape[0] - 1
+    count_rows_kernel[(programs,)](
+        *common,
+        num_seqs,
+        n,
+        hidden.shape[1],
+        rows_per_program,
+        partials,
+        BLOCK_R=_BLOCK_R,
+        BLOCK_H=_BLOCK_H,
+        BLOCK_S=_BLOCK_S,
+    )
+    read = partials.cpu().numpy()  # the one device read of the forward
+    check_values(
+        {
+            "targets_min": int(read[:, 2].min()),
+            "targets_max": int(read[:, 3].max()),
+            "cu_falls": int(read[0, 4]),
+            "cu_first": int(read[0, 5]),
+            "cu_last": int(read[0, 6]),
+        },
+        inputs,
+    )
+    count = int(read[:, 0].sum())
+    rows, targets, seq_ids = (hidden.new_empty(count, dtype=torch.int64) for _ in range(3))
+    student = hidden.new_empty(count, hidden.shape[1])
+    compact_rows_kernel[(programs,)](
+        *common,
+        num_seqs,
+        num_seqs.bit_length(),
+        n,
+        hidden.shape[1],
+        rows_per_program,
+        partials,
+        rows,
+        targets,
+        seq_ids,
+        student,
+        student.stride(0),
+        BLOCK_R=_BLOCK_R,
+        BLOCK_H=_BLOCK_H,
+        BLOCK_P=triton.next_power_of_2(programs),
+    )
+    valid = torch.ones(count, dtype=torch.bool, device=hidden.device)
+    group = policy_group(plan, inputs, rows=rows, valid=valid, seq_ids=seq_ids, targets=targets)
+    if read[:, 1].any():
+        check_finite_rows(group)
+    return group, student
