@@ -1,4 +1,4 @@
-"""Every variant of the Triton row kernel, and the row-selection kernels, compile for an
+"""Every variant of the Triton row kernel, and the selection and scaling kernels, compile for an
 H100 (sm_90) on a machine without a GPU: Triton's bundled ptxas builds the cubin. This
 catches what the interpreter accepts but the compiler refuses (a non-constexpr global, a
 type mismatch in a loop-carried value)."""
@@ -17,7 +17,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mtprun.kernels.triton import rows, select  # noqa: E402
+from mtprun.kernels.triton import rows, scale, select  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
 MINIMAL = {
@@ -102,5 +102,16 @@ def test_selection_kernels_compile_for_sm90(kernel: str, hidden_type: str) -> No
     constexprs.update({"BLOCK_S": 1024} if kernel == "count_rows_kernel" else {"BLOCK_P": 512})
     source = ASTSource(
         fn=fn, signature=_selection_signature(fn, hidden_type), constexprs=constexprs
+    )
+    assert triton.compile(source, target=H100, options={"num_warps": 4}).asm["cubin"]
+
+
+@pytest.mark.parametrize("grad_type", ["bf16", "fp32"])
+def test_scale_kernel_compiles_for_sm90(grad_type: str) -> None:
+    signature = {"x_ptr": f"*{grad_type}", "factor_ptr": "*fp32", "numel": "i64"}
+    source = ASTSource(
+        fn=scale.scale_kernel,
+        signature={**signature, "BLOCK": "constexpr"},
+        constexprs={"BLOCK": 4096},
     )
     assert triton.compile(source, target=H100, options={"num_warps": 4}).asm["cubin"]

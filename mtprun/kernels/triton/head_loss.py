@@ -14,6 +14,7 @@ from mtprun.kernels.triton import groups as kg
 from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.engine import DEFAULT_CHUNK_BYTES, run_chunks
 from mtprun.kernels.triton.groups import KernelGroup
+from mtprun.kernels.triton.scale import scale_
 from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 
 
@@ -71,6 +72,12 @@ def head_loss_triton(
         detached = _detached(inputs)
         groups = _kernel_groups(plan, detached)
         policy, drafts = groups[0], groups[1:]
+        # The [N, H] gradients of groups with dropped rows, zero-filled now: the GPU fills
+        # them while the host prepares the first GEMM instead of after the last one.
+        full_grads = [
+            hidden.new_zeros(hidden.shape) if need and group.num_rows < hidden.shape[0] else None
+            for group, need in zip(groups, need_grads, strict=True)
+        ]
         teacher_positions = [_teacher_positions(policy, d) for d in drafts]
         distill_teacher = inputs.teacher_hidden
         if distill_teacher is not None and distill_teacher.shape[0] != policy.num_rows:
@@ -92,8 +99,8 @@ def head_loss_triton(
         metrics = _metrics(plan, policy, drafts, teacher_positions)
         logprobs = _logprobs(policy, hidden.shape[0])
         student_grads = tuple(
-            _scatter_rows(grad, group.group.rows, hidden.shape[0])
-            for grad, group in zip(grads.students, groups, strict=True)
+            grad if full is None else full.index_copy_(0, group.group.rows, grad)
+            for grad, full, group in zip(grads.students, full_grads, groups, strict=True)
         )
     loss = _PrecomputedGrads.apply(loss, (grads.weight, *student_grads), weight, *students)
     return HeadLossOutput(loss=loss, metrics=metrics, logprobs=logprobs)
@@ -117,10 +124,9 @@ class _PrecomputedGrads(torch.autograd.Function):
                 "backward(retain_graph=True)"
             )
         ctx.grads = None
-        if float(grad_loss) != 1.0:
-            for grad in grads:
-                if grad is not None:
-                    grad.mul_(grad_loss.to(grad.dtype))
+        for grad in grads:
+            if grad is not None:
+                scale_(grad, grad_loss)
         return None, None, *grads
 
 
@@ -218,9 +224,3 @@ def _logprobs(policy: KernelGroup, n: int) -> torch.Tensor:
     logp = torch.where(policy.group.valid, _column(policy, "logp"), 0.0)
     out = torch.zeros(n, dtype=torch.float32, device=logp.device)
     return out.index_copy_(0, policy.group.rows, logp)
-
-
-def _scatter_rows(grad: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:
-    if grad is None or grad.shape[0] == n:
-        return grad
-    return grad.new_zeros(n, grad.shape[1]).index_copy_(0, rows, grad)

@@ -31,10 +31,14 @@ from mtprun.kernels.inputs import (
     policy_group,
 )
 
+# One 16-row tile per program up to N = 16384 rows, four 1024-wide hidden tiles at H = 4096:
+# the count kernel sits between the host and the first GEMM, so it is sized for latency
+# (a loop of 32 dependent tiles per program took 40 us on an H100, the GPU otherwise idle).
 _BLOCK_R = 16  # rows per tile
-_BLOCK_H = 256  # hidden columns per tile
+_BLOCK_H = 1024  # hidden columns per tile
 _BLOCK_S = 1024  # cu_seqlens entries per tile
-_MAX_PROGRAMS = 512
+_MAX_PROGRAMS = 1024
+_NUM_WARPS = 8
 _COLUMNS = 8  # of `partials`: count, nonfinite, target min, target max, cu falls, first, last
 _PARTIALS_STRIDE = tl.constexpr(_COLUMNS)
 
@@ -188,6 +192,7 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         BLOCK_R=_BLOCK_R,
         BLOCK_H=_BLOCK_H,
         BLOCK_S=_BLOCK_S,
+        num_warps=_NUM_WARPS,
     )
     read = partials.cpu().numpy()  # the one device read of the forward
     check_values(
@@ -219,6 +224,7 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         BLOCK_R=_BLOCK_R,
         BLOCK_H=_BLOCK_H,
         BLOCK_P=triton.next_power_of_2(programs),
+        num_warps=_NUM_WARPS,
     )
     valid = torch.ones(count, dtype=torch.bool, device=hidden.device)
     group = policy_group(plan, inputs, rows=rows, valid=valid, seq_ids=seq_ids, targets=targets)
