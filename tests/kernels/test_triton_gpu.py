@@ -119,20 +119,20 @@ def _on_cuda(problem: Problem) -> Problem:
 
 
 @pytest.mark.parametrize("name", ["sft", "grpo", "distill"])
-def test_forward_reads_the_device_once(name: str) -> None:
-    """Validation, row selection and the chunked kernels ask the GPU for values once (the
-    row counts and checks together): each synchronization idles the GPU while the host
+def test_forward_and_backward_read_the_device_once(name: str) -> None:
+    """Validation, row selection, the chunked kernels and the backward ask the GPU for values
+    once (the row counts and checks together): each synchronization idles the GPU while the host
     catches up, which dominated the step at 3% active rows."""
     plan = HeadPlan.from_losses(PLANS[name])
     batch = make_batch(7, 0.03, dtype=torch.bfloat16, device="cuda", **SHAPE)
     args = arguments(plan, batch)
-    head_loss(batch["hidden"], batch["weight"], plan, **args)  # compile the kernels first
+    head_loss(batch["hidden"], batch["weight"], plan, **args).loss.backward()  # compile first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            head_loss(batch["hidden"], batch["weight"], plan, **args)
+            head_loss(batch["hidden"], batch["weight"], plan, **args).loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
