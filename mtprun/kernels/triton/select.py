@@ -1,4 +1,4 @@
-"""Policy-row selection on the GPU in two launches and one device read.
+"""Policy-row selection on the GPU: one Triton launch, one device read, three gathers.
 
 The generic `row_groups` (mtprun.kernels.inputs) issues ~30 small torch ops before the first
 logits GEMM can be queued. At 3% active rows the whole step is a few milliseconds, and the
@@ -6,11 +6,10 @@ GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
 
 1. `count_rows_kernel`: each program takes a block of rows and writes one row of
    `partials` [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
-   min and max target; program 0 adds the cu_seqlens checks (falls, first, last). The host
-   reads `partials` once.
-2. `compact_rows_kernel`: each program finds its output offset by summing the counts of the
-   programs before it (still on the device), then writes its selected rows' indices,
-   targets, sequence ids and hidden rows, compacted and in order.
+   min and max target; program 0 adds the cu_seqlens checks (falls, first, last). It also
+   writes every row's sequence id. The host reads `partials` once.
+2. With the count known, `nonzero_static` and three gathers (targets, sequence ids, hidden
+   rows) compact the selected rows without asking the device again.
 
 Used for plans without MTP heads (their draft rows pair rows t and t+k, which the generic
 path selects) that compact the mask. Same checks and messages as `row_groups`.
@@ -53,13 +52,17 @@ def count_rows_kernel(
     num_seqs,
     num_rows,
     hidden_size,
+    search_steps,
     rows_per_program,
     partials_ptr,
+    seq_ids_ptr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
-    """Rows [pid * rows_per_program, +rows_per_program): counts, finiteness, target range."""
+    """Rows [pid * rows_per_program, +rows_per_program): counts, finiteness, target range,
+    and each row's sequence id: the number of cu_seqlens[1:] entries <= row (binary search,
+    `search_steps` = bit length of the number of sequences)."""
     pid = tl.program_id(0)
     first = pid * rows_per_program
     stop = tl.minimum(first + rows_per_program, num_rows)
@@ -76,6 +79,16 @@ def count_rows_kernel(
         target_min = tl.minimum(target_min, tl.min(tl.where(inside, targets, target_min), 0))
         target_max = tl.maximum(target_max, tl.max(tl.where(inside, targets, target_max), 0))
         count += tl.sum(selected.to(tl.int32), 0)
+        low = tl.zeros((BLOCK_R,), dtype=tl.int32)
+        high = tl.zeros((BLOCK_R,), dtype=tl.int32) + num_seqs
+        for _ in range(search_steps):
+            open_ = inside & (low < high)
+            mid = (low + high) // 2
+            bound = tl.load(cu_ptr + 1 + mid, mask=open_, other=0)
+            right = bound <= rows
+            low = tl.where(open_ & right, mid + 1, low)
+            high = tl.where(open_ & ~right, mid, high)
+        tl.store(seq_ids_ptr + rows, low.to(tl.int64), mask=inside)
         row_ptr = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hidden
         bad = tl.zeros((BLOCK_R,), dtype=tl.int32)
         for start in range(0, hidden_size, BLOCK_H):
@@ -106,63 +119,6 @@ def count_rows_kernel(
     tl.store(out + 6, cu_last)
 
 
-@triton.jit
-def compact_rows_kernel(
-    mask_ptr,
-    targets_ptr,
-    hidden_ptr,
-    stride_hidden,
-    cu_ptr,
-    num_seqs,
-    search_steps,
-    num_rows,
-    hidden_size,
-    rows_per_program,
-    partials_ptr,
-    rows_out_ptr,
-    targets_out_ptr,
-    seq_ids_out_ptr,
-    student_out_ptr,
-    stride_student,
-    BLOCK_R: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-):
-    """Writes the selected rows of this program's block at its offset among all programs.
-    Sequence id of row r: the number of cu_seqlens[1:] entries <= r (binary search)."""
-    pid = tl.program_id(0)
-    programs = tl.arange(0, BLOCK_P)
-    before = tl.load(partials_ptr + programs * _PARTIALS_STRIDE, mask=programs < pid, other=0)
-    offset = tl.sum(before, 0)
-    first = pid * rows_per_program
-    stop = tl.minimum(first + rows_per_program, num_rows)
-    cols = tl.arange(0, BLOCK_H)
-    for block in range(first, stop, BLOCK_R):
-        rows = block + tl.arange(0, BLOCK_R)
-        selected = tl.load(mask_ptr + rows, mask=rows < stop, other=0) != 0
-        dest = offset + tl.cumsum(selected.to(tl.int64), 0) - 1
-        tl.store(rows_out_ptr + dest, rows.to(tl.int64), mask=selected)
-        targets = tl.load(targets_ptr + rows, mask=selected, other=0)
-        tl.store(targets_out_ptr + dest, targets, mask=selected)
-        low = tl.zeros((BLOCK_R,), dtype=tl.int32)
-        high = tl.zeros((BLOCK_R,), dtype=tl.int32) + num_seqs
-        for _ in range(search_steps):
-            open_ = selected & (low < high)
-            mid = (low + high) // 2
-            bound = tl.load(cu_ptr + 1 + mid, mask=open_, other=0)
-            right = bound <= rows
-            low = tl.where(open_ & right, mid + 1, low)
-            high = tl.where(open_ & ~right, mid, high)
-        tl.store(seq_ids_out_ptr + dest, low.to(tl.int64), mask=selected)
-        src = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hidden
-        dst = student_out_ptr + dest[:, None] * stride_student
-        for start in range(0, hidden_size, BLOCK_H):
-            in_row = selected[:, None] & (start + cols < hidden_size)[None, :]
-            x = tl.load(src + start + cols[None, :], mask=in_row)
-            tl.store(dst + start + cols[None, :], x, mask=in_row)
-        offset += tl.sum(selected.to(tl.int64), 0)
-
-
 def selects_on_device(plan: HeadPlan, inputs: HeadInputs) -> bool:
     """Whether `select_policy_rows` handles this call (else use `row_groups`)."""
     unit_strides = (
@@ -180,15 +136,21 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
     rows_per_program = _BLOCK_R * triton.cdiv(triton.cdiv(n, _MAX_PROGRAMS), _BLOCK_R)
     programs = triton.cdiv(n, rows_per_program)
     partials = torch.empty(programs, _COLUMNS, dtype=torch.int64, device=hidden.device)
-    common = (inputs.loss_mask, inputs.targets, hidden, hidden.stride(0), inputs.cu_seqlens)
     num_seqs = inputs.cu_seqlens.shape[0] - 1
+    seq_ids = torch.empty(n, dtype=torch.int64, device=hidden.device)
     count_rows_kernel[(programs,)](
-        *common,
+        inputs.loss_mask,
+        inputs.targets,
+        hidden,
+        hidden.stride(0),
+        inputs.cu_seqlens,
         num_seqs,
         n,
         hidden.shape[1],
+        num_seqs.bit_length(),
         rows_per_program,
         partials,
+        seq_ids,
         BLOCK_R=_BLOCK_R,
         BLOCK_H=_BLOCK_H,
         BLOCK_S=_BLOCK_S,
@@ -206,28 +168,29 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         inputs,
     )
     count = int(read[:, 0].sum())
-    rows, targets, seq_ids = (hidden.new_empty(count, dtype=torch.int64) for _ in range(3))
-    student = hidden.new_empty(count, hidden.shape[1])
-    compact_rows_kernel[(programs,)](
-        *common,
-        num_seqs,
-        num_seqs.bit_length(),
-        n,
-        hidden.shape[1],
-        rows_per_program,
-        partials,
-        rows,
-        targets,
-        seq_ids,
-        student,
-        student.stride(0),
-        BLOCK_R=_BLOCK_R,
-        BLOCK_H=_BLOCK_H,
-        BLOCK_P=triton.next_power_of_2(programs),
-        num_warps=_NUM_WARPS,
+    rows = torch.nonzero_static(inputs.loss_mask, size=count).squeeze(1)
+    group = policy_group(
+        plan,
+        inputs,
+        rows=rows,
+        valid=_all_true(count, hidden.device),
+        seq_ids=seq_ids[rows],
+        targets=inputs.targets[rows],
     )
-    valid = torch.ones(count, dtype=torch.bool, device=hidden.device)
-    group = policy_group(plan, inputs, rows=rows, valid=valid, seq_ids=seq_ids, targets=targets)
     if read[:, 1].any():
         check_finite_rows(group)
-    return group, student
+    return group, hidden if count == n else hidden.index_select(0, rows)
+
+
+_ALL_TRUE: dict[torch.device, torch.Tensor] = {}
+
+
+def _all_true(count: int, device: torch.device) -> torch.Tensor:
+    """[count] bool of True, a view of one cached buffer (a fill launch saved per call:
+    compacted rows are all valid)."""
+    cached = _ALL_TRUE.get(device)
+    if cached is None or cached.shape[0] < count:
+        cached = _ALL_TRUE[device] = torch.ones(
+            max(count, 1 << 16), dtype=torch.bool, device=device
+        )
+    return cached[:count]
