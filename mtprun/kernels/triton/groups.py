@@ -62,11 +62,13 @@ class KernelGroup:
 
     @cached_property
     def agg(self) -> dict[str, torch.Tensor]:
-        """Metric name -> [R] aggregation weights of that term."""
-        return {
-            term.kind: aggregation_weights(term.loss_agg, self.group, self.inputs.cu_seqlens)
-            for term in self.group.terms
+        """Metric name -> [R] aggregation weights of that term (one tensor per distinct
+        aggregation: each is a few launches queued between the first GEMM and the kernel)."""
+        by_agg = {
+            agg: aggregation_weights(agg, self.group, self.inputs.cu_seqlens)
+            for agg in {term.loss_agg for term in self.group.terms}
         }
+        return {term.kind: by_agg[term.loss_agg] for term in self.group.terms}
 
     @cached_property
     def weights(self) -> torch.Tensor:
@@ -74,7 +76,7 @@ class KernelGroup:
         weights = self.targets.new_zeros(self.num_rows, k.NUM_WEIGHTS, dtype=torch.float32)
         for term in self.group.terms:
             column = k.WEIGHT_COLUMNS.index(weight_column(term))
-            weights[:, column] += self.agg[term.kind] * (term.weight * self.group.head_scale)
+            weights[:, column].add_(self.agg[term.kind], alpha=term.weight * self.group.head_scale)
         return weights
 
     @cached_property
@@ -98,6 +100,16 @@ class KernelGroup:
     def values(self) -> torch.Tensor:
         """[R, 9] float32, written by the kernel."""
         return self.targets.new_zeros(self.num_rows, k.NUM_VALUES, dtype=torch.float32)
+
+    @cached_property
+    def per_token(self) -> torch.Tensor:
+        """[R, 6] float32 per-token values in the order of rows.WEIGHT_COLUMNS (each term's
+        value before its weight: -logp for CE, -entropy for the bonus, ...); call after the
+        kernel has written `values`."""
+        column = {name: self.values[:, i] for i, name in enumerate(k.VALUE_COLUMNS)}
+        soft = column["soft_ce"]
+        per_token = (-column["logp"], column["z_loss"], column["grpo"], -column["entropy"])
+        return torch.stack((*per_token, soft, soft), dim=1)
 
     def _gathered(self, per_token: torch.Tensor | None) -> torch.Tensor | None:
         return None if per_token is None else per_token[self.group.rows].float().contiguous()

@@ -95,7 +95,8 @@ def head_loss_triton(
             chunk_bytes=chunk_bytes,
             tp_group=tp_group,
         )
-        loss = sum((_group_loss(g) for g in groups), torch.zeros((), device=hidden.device))
+        group_losses = [_group_loss(g) for g in groups]
+        loss = sum(group_losses[1:], group_losses[0])
         metrics = _metrics(plan, policy, drafts, teacher_positions)
         logprobs = _logprobs(policy, hidden.shape[0])
         student_grads = tuple(
@@ -158,24 +159,8 @@ def _column(group: KernelGroup, name: str) -> torch.Tensor:
     return group.values[:, k.VALUE_COLUMNS.index(name)]
 
 
-def _per_token(group: KernelGroup) -> torch.Tensor:
-    """[R, 6] per-token values in the order of rows.WEIGHT_COLUMNS."""
-    soft = _column(group, "soft_ce")
-    return torch.stack(
-        (
-            -_column(group, "logp"),
-            _column(group, "z_loss"),
-            _column(group, "grpo"),
-            -_column(group, "entropy"),
-            soft,
-            soft,
-        ),
-        dim=1,
-    )
-
-
 def _group_loss(group: KernelGroup) -> torch.Tensor:
-    return (group.weights * _per_token(group)).sum()
+    return (group.weights * group.per_token).sum()
 
 
 def _metrics(
@@ -184,20 +169,21 @@ def _metrics(
     drafts: list[KernelGroup],
     teacher_positions: list[torch.Tensor],
 ) -> dict[str, torch.Tensor]:
+    # Each metric is one dot product over the rows (the step's tail of small launches runs
+    # after the last gradient GEMM, on the critical path when few rows are active).
     valid = policy.group.valid.float()
-    count = valid.sum().clamp(min=1)
+    mean_weights = valid / valid.sum().clamp(min=1)
 
     def token_mean(name: str) -> torch.Tensor:
-        return (_column(policy, name) * valid).sum() / count
+        return torch.dot(_column(policy, name), mean_weights)
 
-    per_token = _per_token(policy)
     metrics = {}
     for term in plan.terms:
         if term.kind == "mtp":
             continue
         column = kg.weight_column(term)
-        value = per_token[:, k.WEIGHT_COLUMNS.index(column)]
-        metrics[term.kind] = (policy.agg[term.kind] * value).sum()
+        value = policy.per_token[:, k.WEIGHT_COLUMNS.index(column)]
+        metrics[term.kind] = torch.dot(policy.agg[term.kind], value)
         if term.kind == "grpo":
             metrics["grpo/clip_frac"] = token_mean("clipped")
             metrics["grpo/kl"] = token_mean("kl")
@@ -210,7 +196,7 @@ def _metrics(
         policy_argmax = policy.stats[:, k.STATS_COLUMNS.index("argmax")]
         for draft, positions in zip(drafts, teacher_positions, strict=True):
             head = draft.group.head
-            head_values.append((draft.agg["mtp"] * _per_token(draft)[:, column]).sum())
+            head_values.append(torch.dot(draft.agg["mtp"], draft.per_token[:, column]))
             metrics[f"mtp/{head}/loss"] = head_values[-1]
             draft_argmax = draft.stats[:, k.STATS_COLUMNS.index("argmax")]
             teacher_argmax = policy_argmax[positions]
