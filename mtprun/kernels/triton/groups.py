@@ -66,7 +66,7 @@ class KernelGroup:
         aggregation: each is a few launches queued between the first GEMM and the kernel)."""
         by_agg = {
             agg: aggregation_weights(agg, self.group, self.inputs.cu_seqlens)
-            for agg in {term.loss_agg for term in self.group.terms}
+            for agg in dict.fromkeys(term.loss_agg for term in self.group.terms)
         }
         return {term.kind: by_agg[term.loss_agg] for term in self.group.terms}
 
