@@ -72,12 +72,6 @@ def head_loss_triton(
         detached = _detached(inputs)
         groups = _kernel_groups(plan, detached)
         policy, drafts = groups[0], groups[1:]
-        # The [N, H] gradients of groups with dropped rows, zero-filled now: the GPU fills
-        # them while the host prepares the first GEMM instead of after the last one.
-        full_grads = [
-            hidden.new_zeros(hidden.shape) if need and group.num_rows < hidden.shape[0] else None
-            for group, need in zip(groups, need_grads, strict=True)
-        ]
         teacher_positions = [_teacher_positions(policy, d) for d in drafts]
         distill_teacher = inputs.teacher_hidden
         if distill_teacher is not None and distill_teacher.shape[0] != policy.num_rows:
@@ -100,8 +94,8 @@ def head_loss_triton(
         metrics = _metrics(plan, policy, drafts, teacher_positions)
         logprobs = _logprobs(policy, hidden.shape[0])
         student_grads = tuple(
-            grad if full is None else full.index_copy_(0, group.group.rows, grad)
-            for grad, full, group in zip(grads.students, full_grads, groups, strict=True)
+            _scatter_rows(grad, group.group.rows, hidden.shape[0])
+            for grad, group in zip(grads.students, groups, strict=True)
         )
     loss = _PrecomputedGrads.apply(loss, (grads.weight, *student_grads), weight, *students)
     return HeadLossOutput(loss=loss, metrics=metrics, logprobs=logprobs)
@@ -210,3 +204,12 @@ def _logprobs(policy: KernelGroup, n: int) -> torch.Tensor:
     logp = torch.where(policy.group.valid, _column(policy, "logp"), 0.0)
     out = torch.zeros(n, dtype=torch.float32, device=logp.device)
     return out.index_copy_(0, policy.group.rows, logp)
+
+
+def _scatter_rows(grad: torch.Tensor | None, rows: torch.Tensor, n: int) -> torch.Tensor | None:
+    # Allocated after the chunk loop has freed its logits buffers: allocating it before the
+    # first GEMM (so the GPU zero-fills it while idle) gained nothing measurable at 3% and
+    # raised the peak by [N, H] (run14, bench/triton_notes.md).
+    if grad is None or grad.shape[0] == n:
+        return grad
+    return grad.new_zeros(n, grad.shape[1]).index_copy_(0, rows, grad)
