@@ -8,14 +8,14 @@ rows, and the buffers the kernel writes (statistics and values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
 from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
 from mtprun.kernels.triton import rows as k
-from mtprun.spec.losses import LossTerm
+from mtprun.spec.losses import LossAgg, LossTerm
 
 _KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
 
@@ -55,20 +55,30 @@ class KernelGroup:
     flags: TermFlags
     student: torch.Tensor  # [R, H] student hidden rows (a view when no row is dropped)
     targets: torch.Tensor  # [R] int64 global target ids
+    _aggregations: dict[LossAgg, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def num_rows(self) -> int:
         return self.targets.shape[0]
 
+    def aggregation(self, loss_agg: LossAgg) -> torch.Tensor:
+        """[R] weights of `loss_agg` over the group's rows (inputs.aggregation_weights), made
+        once per aggregation: each is a few launches queued between the first GEMM and the
+        kernel, and the token means of the metrics reuse the token-mean one."""
+        if loss_agg not in self._aggregations:
+            self._aggregations[loss_agg] = aggregation_weights(
+                loss_agg, self.group, self.inputs.cu_seqlens
+            )
+        return self._aggregations[loss_agg]
+
     @cached_property
     def agg(self) -> dict[str, torch.Tensor]:
-        """Metric name -> [R] aggregation weights of that term (one tensor per distinct
-        aggregation: each is a few launches queued between the first GEMM and the kernel)."""
-        by_agg = {
-            agg: aggregation_weights(agg, self.group, self.inputs.cu_seqlens)
-            for agg in dict.fromkeys(term.loss_agg for term in self.group.terms)
-        }
-        return {term.kind: by_agg[term.loss_agg] for term in self.group.terms}
+        """Metric name -> [R] aggregation weights of that term."""
+        return {term.kind: self.aggregation(term.loss_agg) for term in self.group.terms}
+
+    def column(self, name: str) -> torch.Tensor:
+        """[R] view of the value column `name` of rows.VALUE_COLUMNS."""
+        return self.values[:, k.VALUE_COLUMNS.index(name)]
 
     @cached_property
     def weights(self) -> torch.Tensor:
@@ -106,10 +116,9 @@ class KernelGroup:
         """[R, 6] float32 per-token values in the order of rows.WEIGHT_COLUMNS (each term's
         value before its weight: -logp for CE, -entropy for the bonus, ...); call after the
         kernel has written `values`."""
-        column = {name: self.values[:, i] for i, name in enumerate(k.VALUE_COLUMNS)}
-        soft = column["soft_ce"]
-        per_token = (-column["logp"], column["z_loss"], column["grpo"], -column["entropy"])
-        return torch.stack((*per_token, soft, soft), dim=1)
+        soft = self.column("soft_ce")
+        terms = (-self.column("logp"), self.column("z_loss"), self.column("grpo"))
+        return torch.stack((*terms, -self.column("entropy"), soft, soft), dim=1)
 
     def _gathered(self, per_token: torch.Tensor | None) -> torch.Tensor | None:
         return None if per_token is None else per_token[self.group.rows].float().contiguous()

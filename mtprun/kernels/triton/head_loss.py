@@ -149,10 +149,6 @@ def _teacher_positions(policy: KernelGroup, draft: KernelGroup) -> torch.Tensor:
     return position[draft.group.teacher_rows]
 
 
-def _column(group: KernelGroup, name: str) -> torch.Tensor:
-    return group.values[:, k.VALUE_COLUMNS.index(name)]
-
-
 def _group_loss(group: KernelGroup) -> torch.Tensor:
     return (group.weights * group.per_token).sum()
 
@@ -165,11 +161,10 @@ def _metrics(
 ) -> dict[str, torch.Tensor]:
     # Each metric is one dot product over the rows (the step's tail of small launches runs
     # after the last gradient GEMM, on the critical path when few rows are active).
-    valid = policy.group.valid.float()
-    mean_weights = valid / valid.sum().clamp(min=1)
+    mean_weights = policy.aggregation("token-mean")
 
     def token_mean(name: str) -> torch.Tensor:
-        return torch.dot(_column(policy, name), mean_weights)
+        return torch.dot(policy.column(name), mean_weights)
 
     metrics = {}
     for term in plan.terms:
@@ -201,7 +196,7 @@ def _metrics(
 
 
 def _logprobs(policy: KernelGroup, n: int) -> torch.Tensor:
-    logp = torch.where(policy.group.valid, _column(policy, "logp"), 0.0)
+    logp = torch.where(policy.group.valid, policy.column("logp"), 0.0)
     out = torch.zeros(n, dtype=torch.float32, device=logp.device)
     return out.index_copy_(0, policy.group.rows, logp)
 

@@ -8,7 +8,7 @@ GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
    `partials` [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
    min and max target; program 0 adds the cu_seqlens checks (falls, first, last). It also
    writes every row's sequence id. The host reads `partials` once.
-2. With the count known, `nonzero_static` and three gathers (targets, sequence ids, hidden
+2. With the count known, `indices` (nonzero_static) and three gathers (targets, sequence ids, hidden
    rows) compact the selected rows without asking the device again.
 
 Used for plans without MTP heads (their draft rows pair rows t and t+k, which the generic
@@ -27,6 +27,7 @@ from mtprun.kernels.inputs import (
     RowGroup,
     check_finite_rows,
     check_values,
+    indices,
     policy_group,
 )
 
@@ -168,7 +169,7 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         inputs,
     )
     count = int(read[:, 0].sum())
-    rows = torch.nonzero_static(inputs.loss_mask, size=count).squeeze(1)
+    rows = indices(inputs.loss_mask, count)
     group = policy_group(
         plan,
         inputs,
