@@ -43,21 +43,28 @@ EVERYTHING = {
     "ARGMAX": True,
 }
 _SCALARS = {"inv_temperature": "fp32", "clip_low": "fp32", "clip_high": "fp32", "kl_coef": "fp32"}
-_INT_POINTERS = {"targets_ptr", "teacher_rows_ptr"}
 
 
-def _signature(logits_type: str) -> dict[str, str]:
+def _signature(
+    kernel, pointers: dict[str, str], other_pointers: str, scalars: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Triton types of `kernel`'s parameters: constexprs by their upper-case names, pointers
+    (`*_ptr`) from `pointers` or else `other_pointers`, scalars from `scalars` or else i32."""
     signature = {}
-    for name in inspect.signature(rows.head_rows_kernel.fn).parameters:
+    for name in inspect.signature(kernel.fn).parameters:
         if name.isupper():
             signature[name] = "constexpr"
-        elif name in ("logits_ptr", "teacher_ptr"):
-            signature[name] = f"*{logits_type}"
         elif name.endswith("_ptr"):
-            signature[name] = "*i64" if name in _INT_POINTERS else "*fp32"
+            signature[name] = pointers.get(name, other_pointers)
         else:
-            signature[name] = _SCALARS.get(name, "i32")
+            signature[name] = (scalars or {}).get(name, "i32")
     return signature
+
+
+def _row_kernel_signature(logits_type: str) -> dict[str, str]:
+    pointers = {"logits_ptr": f"*{logits_type}", "teacher_ptr": f"*{logits_type}"}
+    pointers |= {"targets_ptr": "*i64", "teacher_rows_ptr": "*i64"}
+    return _signature(rows.head_rows_kernel, pointers, "*fp32", _SCALARS)
 
 
 MODES = {"fused": rows.FUSED.value, "stats": rows.STATS.value, "grad": rows.GRAD.value}
@@ -74,41 +81,26 @@ FLAGS = {"ce": MINIMAL, "all": EVERYTHING, "k1": {**EVERYTHING, "KL_ESTIMATOR": 
 def test_row_kernel_compiles_for_sm90(mode: str, flags: str, logits_type: str) -> None:
     constexprs = {**FLAGS[flags], "MODE": MODES[mode], "BLOCK_V": 8192}
     source = ASTSource(
-        fn=rows.head_rows_kernel, signature=_signature(logits_type), constexprs=constexprs
+        fn=rows.head_rows_kernel,
+        signature=_row_kernel_signature(logits_type),
+        constexprs=constexprs,
     )
     compiled = triton.compile(source, target=H100, options={"num_warps": 8})
     assert compiled.asm["cubin"]
 
 
-def _selection_signature(kernel, hidden_type: str) -> dict[str, str]:
-    pointers = {"mask_ptr": "*i1", "hidden_ptr": f"*{hidden_type}"}
-    signature = {}
-    for name in inspect.signature(kernel.fn).parameters:
-        if name.isupper():
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = pointers.get(name, "*i64")
-        else:
-            signature[name] = "i32"
-    return signature
-
-
 @pytest.mark.parametrize("hidden_type", ["bf16", "fp32"])
 def test_selection_kernel_compiles_for_sm90(hidden_type: str) -> None:
-    fn = select.count_rows_kernel
+    kernel = select.count_rows_kernel
+    signature = _signature(kernel, {"mask_ptr": "*i1", "hidden_ptr": f"*{hidden_type}"}, "*i64")
     constexprs = {"BLOCK_R": 16, "BLOCK_H": 1024, "BLOCK_S": 1024}
-    source = ASTSource(
-        fn=fn, signature=_selection_signature(fn, hidden_type), constexprs=constexprs
-    )
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     assert triton.compile(source, target=H100, options={"num_warps": 8}).asm["cubin"]
 
 
 @pytest.mark.parametrize("grad_type", ["bf16", "fp32"])
 def test_scale_kernel_compiles_for_sm90(grad_type: str) -> None:
-    signature = {"x_ptr": f"*{grad_type}", "factor_ptr": "*fp32", "numel": "i64"}
-    source = ASTSource(
-        fn=scale.scale_kernel,
-        signature={**signature, "BLOCK": "constexpr"},
-        constexprs={"BLOCK": 4096},
-    )
+    kernel = scale.scale_kernel
+    signature = _signature(kernel, {"x_ptr": f"*{grad_type}"}, "*fp32", {"numel": "i64"})
+    source = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": 4096})
     assert triton.compile(source, target=H100, options={"num_warps": 4}).asm["cubin"]
