@@ -91,9 +91,9 @@ def test_row_kernel_compiles_for_sm90(mode: str, flags: str, logits_type: str) -
 
 @pytest.mark.parametrize("hidden_type", ["bf16", "fp32"])
 def test_selection_kernel_compiles_for_sm90(hidden_type: str) -> None:
-    kernel = select.count_rows_kernel
+    kernel = select.select_rows_kernel
     signature = _signature(kernel, {"mask_ptr": "*i1", "hidden_ptr": f"*{hidden_type}"}, "*i64")
-    constexprs = {"BLOCK_R": 16, "BLOCK_H": 1024, "BLOCK_S": 1024}
+    constexprs = {"BLOCK_R": 16, "BLOCK_H": 1024, "BLOCK_S": 1024, "BLOCK_M": 8192}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
     assert triton.compile(source, target=H100, options={"num_warps": 8}).asm["cubin"]
 

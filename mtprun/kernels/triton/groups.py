@@ -44,15 +44,16 @@ class TermFlags:
 class KernelGroup:
     """One row group ready for the kernel.
 
-    The per-row inputs (weights, aggregation weights, gathered RL inputs) and output buffers
-    are made on first use, inside the chunk loop: their ~20 small launches then queue behind
-    the first logits GEMM instead of delaying it (at 3% active rows the whole step is a few
-    milliseconds and the host prologue showed as GPU idle time).
+    The kernel flags, per-row inputs (weights, aggregation weights, gathered RL inputs) and
+    output buffers are made on first use, inside the chunk loop: their host time and ~20
+    small launches then queue behind the first logits GEMM instead of delaying it (at 3%
+    active rows the whole step is a few milliseconds and the host prologue showed as GPU
+    idle time).
     """
 
     group: RowGroup
     inputs: HeadInputs
-    flags: TermFlags
+    argmax: bool  # track each row's argmax (the MTP top-1 agreement needs it)
     student: torch.Tensor  # [R, H] student hidden rows (a view when no row is dropped)
     targets: torch.Tensor  # [R] int64 global target ids
     _aggregations: dict[LossAgg, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -60,6 +61,15 @@ class KernelGroup:
     @property
     def num_rows(self) -> int:
         return self.targets.shape[0]
+
+    @cached_property
+    def flags(self) -> TermFlags:
+        return term_flags(
+            self.group,
+            has_old=self.inputs.old_logprobs is not None,
+            has_ref=self.inputs.ref_logprobs is not None,
+            argmax=self.argmax,
+        )
 
     def aggregation(self, loss_agg: LossAgg) -> torch.Tensor:
         """[R] weights of `loss_agg` over the group's rows (inputs.aggregation_weights), made
@@ -130,19 +140,13 @@ def build(
     """`argmax`: track each row's argmax (the MTP top-1 agreement needs it). `student`: the
     group's rows of its student hidden when already gathered."""
     rows = group.rows
-    flags = term_flags(
-        group,
-        has_old=inputs.old_logprobs is not None,
-        has_ref=inputs.ref_logprobs is not None,
-        argmax=argmax,
-    )
     if student is None:
         full = rows.shape[0] == group.student.shape[0]
         student = group.student if full else group.student[rows]
     return KernelGroup(
         group=group,
         inputs=inputs,
-        flags=flags,
+        argmax=argmax,
         student=student,
         targets=group.targets.contiguous(),
     )

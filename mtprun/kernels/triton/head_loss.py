@@ -68,9 +68,8 @@ def head_loss_triton(
     students = (hidden, *inputs.mtp_hidden)
     need_grads = [torch.is_grad_enabled() and s.requires_grad for s in students]
     need_weight_grad = torch.is_grad_enabled() and weight.requires_grad
-    with torch.no_grad():
-        detached = _detached(inputs)
-        groups = _kernel_groups(plan, detached)
+    with torch.no_grad():  # the autograd graph is _PrecomputedGrads below, nothing else
+        groups = _kernel_groups(plan, inputs)
         policy, drafts = groups[0], groups[1:]
         teacher_positions = [_teacher_positions(policy, d) for d in drafts]
         distill_teacher = inputs.teacher_hidden
@@ -79,7 +78,7 @@ def head_loss_triton(
         grads = run_chunks(
             policy,
             drafts,
-            weight.detach(),
+            weight,
             teacher_hidden=distill_teacher,
             teacher_weight=inputs.teacher_weight,
             teacher_positions=teacher_positions,
@@ -131,14 +130,6 @@ def _kernel_groups(plan: HeadPlan, inputs: HeadInputs) -> list[KernelGroup]:
         return [kg.build(group, inputs, argmax=False, student=student)]
     argmax = bool(plan.mtp_depths)
     return [kg.build(g, inputs, argmax=argmax) for g in row_groups(plan, inputs)]
-
-
-def _detached(inputs: HeadInputs) -> HeadInputs:
-    fields = {name: getattr(inputs, name) for name in inputs.__dataclass_fields__}
-    fields["hidden"] = inputs.hidden.detach()
-    fields["weight"] = inputs.weight.detach()
-    fields["mtp_hidden"] = tuple(h.detach() for h in inputs.mtp_hidden)
-    return HeadInputs(**fields)
 
 
 def _teacher_positions(policy: KernelGroup, draft: KernelGroup) -> torch.Tensor:

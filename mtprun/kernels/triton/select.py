@@ -1,15 +1,16 @@
-"""Policy-row selection on the GPU: one Triton launch, one device read, three gathers.
+"""Policy-row selection on the GPU: one Triton launch, one device read, one gather.
 
 The generic `row_groups` (mtprun.kernels.inputs) issues ~30 small torch ops before the first
 logits GEMM can be queued. At 3% active rows the whole step is a few milliseconds, and the
 GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
 
-1. `count_rows_kernel`: each program takes a block of rows and writes one row of
+1. `select_rows_kernel`: each program takes a block of rows and writes one row of
    `partials` [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
    min and max target; program 0 adds the cu_seqlens checks (falls, first, last). It also
-   writes every row's sequence id. The host reads `partials` once.
-2. With the count known, `indices` (nonzero_static) and three gathers (targets, sequence ids, hidden
-   rows) compact the selected rows without asking the device again.
+   compacts its selected rows in order, with their targets and sequence ids: it counts the
+   selected rows before its block (the mask is a few KB, read from L2) to know where they go.
+2. The host reads `partials` once; the compacted columns are then views, and one gather
+   copies the selected hidden rows.
 
 Used for plans without MTP heads (their draft rows pair rows t and t+k, which the generic
 path selects) that compact the mask. Same checks and messages as `row_groups`.
@@ -27,16 +28,16 @@ from mtprun.kernels.inputs import (
     RowGroup,
     check_finite_rows,
     check_values,
-    indices,
     policy_group,
 )
 
 # One 16-row tile per program up to N = 16384 rows, four 1024-wide hidden tiles at H = 4096:
-# the count kernel sits between the host and the first GEMM, so it is sized for latency
+# the selection kernel sits between the host and the first GEMM, so it is sized for latency
 # (a loop of 32 dependent tiles per program took 40 us on an H100, the GPU otherwise idle).
 _BLOCK_R = 16  # rows per tile
 _BLOCK_H = 1024  # hidden columns per tile
 _BLOCK_S = 1024  # cu_seqlens entries per tile
+_BLOCK_M = 8192  # mask entries per tile of the rank count (two dependent loads at N = 16384)
 _MAX_PROGRAMS = 1024
 _NUM_WARPS = 8
 _COLUMNS = 8  # of `partials`: count, nonfinite, target min, target max, cu falls, first, last
@@ -44,7 +45,7 @@ _PARTIALS_STRIDE = tl.constexpr(_COLUMNS)
 
 
 @triton.jit
-def count_rows_kernel(
+def select_rows_kernel(
     mask_ptr,
     targets_ptr,
     hidden_ptr,
@@ -56,20 +57,28 @@ def count_rows_kernel(
     search_steps,
     rows_per_program,
     partials_ptr,
-    seq_ids_ptr,
+    compact_ptr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    BLOCK_M: tl.constexpr,
 ):
     """Rows [pid * rows_per_program, +rows_per_program): counts, finiteness, target range,
-    and each row's sequence id: the number of cu_seqlens[1:] entries <= row (binary search,
-    `search_steps` = bit length of the number of sequences)."""
+    and the compacted selected rows: compact [3, num_rows] gets each selected row's index,
+    target and sequence id (the number of cu_seqlens[1:] entries <= row, by binary search in
+    `search_steps` = bit length of the number of sequences) at its rank among all selected
+    rows."""
     pid = tl.program_id(0)
     first = pid * rows_per_program
     stop = tl.minimum(first + rows_per_program, num_rows)
     cols = tl.arange(0, BLOCK_H)
     target_min = tl.load(targets_ptr + first)
     target_max = target_min
+    before = 0  # selected rows before this block: the rank of its first selected row
+    for block in range(0, first, BLOCK_M):
+        seen = block + tl.arange(0, BLOCK_M)
+        earlier = tl.load(mask_ptr + seen, mask=seen < first, other=0) != 0
+        before += tl.sum(earlier.to(tl.int32), 0)
     count = 0
     nonfinite = 0
     for block in range(first, stop, BLOCK_R):
@@ -79,7 +88,6 @@ def count_rows_kernel(
         targets = tl.load(targets_ptr + rows, mask=inside, other=0)
         target_min = tl.minimum(target_min, tl.min(tl.where(inside, targets, target_min), 0))
         target_max = tl.maximum(target_max, tl.max(tl.where(inside, targets, target_max), 0))
-        count += tl.sum(selected.to(tl.int32), 0)
         low = tl.zeros((BLOCK_R,), dtype=tl.int32)
         high = tl.zeros((BLOCK_R,), dtype=tl.int32) + num_seqs
         for _ in range(search_steps):
@@ -89,7 +97,11 @@ def count_rows_kernel(
             right = bound <= rows
             low = tl.where(open_ & right, mid + 1, low)
             high = tl.where(open_ & ~right, mid, high)
-        tl.store(seq_ids_ptr + rows, low.to(tl.int64), mask=inside)
+        rank = before + count + tl.cumsum(selected.to(tl.int32), 0) - 1
+        tl.store(compact_ptr + rank, rows.to(tl.int64), mask=selected)
+        tl.store(compact_ptr + num_rows + rank, targets, mask=selected)
+        tl.store(compact_ptr + 2 * num_rows + rank, low.to(tl.int64), mask=selected)
+        count += tl.sum(selected.to(tl.int32), 0)
         row_ptr = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hidden
         bad = tl.zeros((BLOCK_R,), dtype=tl.int32)
         for start in range(0, hidden_size, BLOCK_H):
@@ -136,10 +148,12 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
     n, hidden = inputs.num_rows, inputs.hidden
     rows_per_program = _BLOCK_R * triton.cdiv(triton.cdiv(n, _MAX_PROGRAMS), _BLOCK_R)
     programs = triton.cdiv(n, rows_per_program)
-    partials = torch.empty(programs, _COLUMNS, dtype=torch.int64, device=hidden.device)
+    # One allocation for both outputs (each CUDA call here delays the first GEMM).
+    out = torch.empty(programs * _COLUMNS + 3 * n, dtype=torch.int64, device=hidden.device)
+    partials = out[: programs * _COLUMNS].view(programs, _COLUMNS)
+    compact = out[programs * _COLUMNS :].view(3, n)
     num_seqs = inputs.cu_seqlens.shape[0] - 1
-    seq_ids = torch.empty(n, dtype=torch.int64, device=hidden.device)
-    count_rows_kernel[(programs,)](
+    select_rows_kernel[(programs,)](
         inputs.loss_mask,
         inputs.targets,
         hidden,
@@ -151,10 +165,11 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         num_seqs.bit_length(),
         rows_per_program,
         partials,
-        seq_ids,
+        compact,
         BLOCK_R=_BLOCK_R,
         BLOCK_H=_BLOCK_H,
         BLOCK_S=_BLOCK_S,
+        BLOCK_M=_BLOCK_M,
         num_warps=_NUM_WARPS,
     )
     read = partials.cpu().numpy()  # the one device read of the forward
@@ -169,14 +184,14 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         inputs,
     )
     count = int(read[:, 0].sum())
-    rows = indices(inputs.loss_mask, count)
+    rows, targets, seq_ids = compact[:, :count]
     group = policy_group(
         plan,
         inputs,
         rows=rows,
         valid=_all_true(count, hidden.device),
-        seq_ids=seq_ids[rows],
-        targets=inputs.targets[rows],
+        seq_ids=seq_ids,
+        targets=targets,
     )
     if read[:, 1].any():
         check_finite_rows(group)
