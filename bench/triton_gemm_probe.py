@@ -13,12 +13,17 @@ tile's row max and sum of exp, against `torch.mm` (cuBLAS) at the same shape.
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from head_loss_gpu import timed_ms
 
 
 @triton.jit
@@ -69,6 +74,7 @@ def weight_grad_kernel(
     dz_desc,
     h_desc,
     c_desc,
+    c_ptr,
     V,
     H,
     K,
@@ -76,7 +82,7 @@ def weight_grad_kernel(
     BN: tl.constexpr,
     BK: tl.constexpr,
     NUM_SMS: tl.constexpr,
-    ACCUMULATE: tl.constexpr,
+    ACCUMULATE: tl.constexpr,  # 0: C = ..., 1: C += ... with C through TMA, 2: C in registers
     WARP_SPECIALIZE: tl.constexpr,
 ):
     """C[V, H] (+)= dz[K, V]^T @ h[K, H], bf16 C, float32 accumulation (the weight gradient
@@ -94,23 +100,19 @@ def weight_grad_kernel(
             a = dz_desc.load([kk * BK, pid_m * BM])
             b = h_desc.load([kk * BK, pid_n * BN])
             acc = tl.dot(a.T, b, acc)
-        if ACCUMULATE:
+        if ACCUMULATE == 1:  # C through shared memory (a TMA load)
             acc += c_desc.load([pid_m * BM, pid_n * BN]).to(tl.float32)
+        if ACCUMULATE == 2:  # C straight into registers (no shared memory for it)
+            rows = pid_m * BM + tl.arange(0, BM)
+            cols = pid_n * BN + tl.arange(0, BN)
+            inside = (rows < V)[:, None] & (cols < H)[None, :]
+            c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * H + cols[None, :]
+            acc += tl.load(c_ptrs, mask=inside, other=0.0).to(tl.float32)
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.bfloat16))
 
 
 def timed_us(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return timed_ms(fn, reps=reps, warmup=3) * 1e3
 
 
 CONFIGS = [  # BM, BN, BK, stages, warps
@@ -186,23 +188,27 @@ def probe_weight_grad(k: int, w: torch.Tensor, reps: int) -> None:
     reference = grad.float()
     print(f"grad_W K={k}: cuBLAS addmm_ {cublas:.0f} us ({flop / cublas / 1e6:.0f} TFLOP/s)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for bm, bn, bk, stages, warps in [
-        (128, 256, 64, 3, 8),
-        (256, 128, 64, 3, 8),
-        (128, 128, 64, 4, 8),
-    ]:
+    variants = [
+        (128, 256, 64, 3, 8, 2),
+        (256, 128, 64, 3, 8, 2),
+        (128, 256, 64, 2, 8, 1),
+        (128, 256, 32, 4, 8, 1),
+        (128, 256, 32, 4, 8, 2),
+        (128, 128, 64, 4, 8, 2),
+    ]
+    for bm, bn, bk, stages, warps, accumulate in variants:
         descs = (
             TensorDescriptor.from_tensor(dz, [bk, bm]),
             TensorDescriptor.from_tensor(rows, [bk, bn]),
             TensorDescriptor.from_tensor(grad, [bm, bn]),
         )
         for ws in (False, True):
-            label = f"  {bm}x{bn}x{bk} s{stages} w{warps} ws={ws:d}"
-            kwargs = dict(BM=bm, BN=bn, BK=bk, NUM_SMS=sms, ACCUMULATE=True, WARP_SPECIALIZE=ws)
-            kwargs |= dict(num_stages=stages, num_warps=warps)
+            label = f"  {bm}x{bn}x{bk} s{stages} w{warps} C={accumulate} ws={ws:d}"
+            kwargs = dict(BM=bm, BN=bn, BK=bk, NUM_SMS=sms, ACCUMULATE=accumulate)
+            kwargs |= dict(WARP_SPECIALIZE=ws, num_stages=stages, num_warps=warps)
 
             def run(descs=descs, kwargs=kwargs) -> None:
-                weight_grad_kernel[(sms,)](*descs, v, h, k, **kwargs)
+                weight_grad_kernel[(sms,)](*descs, grad, v, h, k, **kwargs)
 
             try:
                 grad.copy_(start)
@@ -221,7 +227,7 @@ def probe_weight_grad(k: int, w: torch.Tensor, reps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--m", type=int, nargs="+", default=[2560, 16384])
+    parser.add_argument("--m", type=int, nargs="*", default=[2560, 16384])
     parser.add_argument("--h", type=int, default=4096)
     parser.add_argument("--v", type=int, default=151936)
     parser.add_argument("--reps", type=int, default=10)
