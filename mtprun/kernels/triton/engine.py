@@ -91,7 +91,13 @@ def run_chunks(
         torch.searchsorted(pos, torch.tensor(bounds, device=pos.device)).tolist()
         for pos in teacher_positions
     ]
-    grads = Grads(students=[], weight=None)  # filled once the first logits GEMM is queued
+    grads = Grads(
+        students=[
+            torch.empty_like(g.student) if need else None
+            for g, need in zip(groups, need_grads, strict=True)
+        ],
+        weight=None,
+    )
 
     def logits_phase(c: _Chunk) -> None:
         torch.mm(policy.student[c.start : c.stop], weight.t(), out=c.buffers[0])
@@ -151,12 +157,8 @@ def run_chunks(
     for i in range(len(bounds) - 1):
         c = chunk(i)
         logits_phase(c)
-        if i == 0:  # allocated behind the first GEMM: at low density the GPU waits for it
-            grads.students = _student_grads(groups, need_grads)
         rows_phase(c)
         grads_phase(c)
-    if not grads.students:  # no rows
-        grads.students = _student_grads(groups, need_grads)
 
     if need_weight_grad and grads.weight is None:
         grads.weight = torch.zeros_like(weight)
@@ -164,10 +166,6 @@ def run_chunks(
         for grad in grads.students:
             all_reduce_(grad, tp_group)
     return grads
-
-
-def _student_grads(groups: list[KernelGroup], need: list[bool]) -> list[torch.Tensor | None]:
-    return [torch.empty_like(g.student) if n else None for g, n in zip(groups, need, strict=True)]
 
 
 def _run_draft(
