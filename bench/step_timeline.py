@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,16 +49,26 @@ MARKED = [
     (head_loss, "_scatter_rows"),
     (head_loss, "scale_"),
 ]
+# With --calls, also every call of these (the CUDA calls the prologue is made of).
+CALLS = [
+    (torch, "mm"),
+    (torch, "empty"),
+    (torch, "empty_like"),
+    (torch.Tensor, "cpu"),
+    (torch.Tensor, "new_empty"),
+    (torch.Tensor, "index_select"),
+    (JITFunction, "run"),
+]
 
 
 class Marks:
     """Host time, and with `events` a CUDA event, at the entry and exit of the MARKED
     functions (without events a mark costs ~1 us of host time, with them ~10 us)."""
 
-    def __init__(self, events: bool) -> None:
+    def __init__(self, events: bool, calls: bool) -> None:
         self.events = events
         self.points: list[tuple[str, float, torch.cuda.Event | None]] = []
-        for module, name in MARKED:
+        for module, name in MARKED + (CALLS if calls else []):
             setattr(module, name, self._wrap(name, getattr(module, name)))
 
     def mark(self, label: str) -> None:
@@ -186,6 +197,9 @@ def main() -> None:
     parser.add_argument("--v", type=int, default=151936)
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--calls", action="store_true", help="also mark torch.mm, allocations, reads, launches"
+    )
     args = parser.parse_args()
     inputs = make_inputs(args.workload, args.active, args.n, args.h, args.v, seed=0)
     step = mtprun_step(args.workload, inputs, chunk_bytes=None)
@@ -193,7 +207,7 @@ def main() -> None:
         step()
     host, wall = host_and_wall_us(step, args.reps)
     print(f"{args.workload} {args.active:.0%}: host {host:.0f} us, CUDA events {wall:.0f} us")
-    marks = Marks(events=False)
+    marks = Marks(events=False, calls=args.calls)
     for events in (False, True):
         print("marks with CUDA events:" if events else "host-only marks:")
         marks.events = events

@@ -5,12 +5,12 @@ logits GEMM can be queued. At 3% active rows the whole step is a few millisecond
 GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
 
 1. `select_rows_kernel`: each program takes a block of rows and writes one row of
-   `partials` [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
+   partials [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
    min and max target; program 0 adds the cu_seqlens checks (falls, first, last). It also
    compacts its selected rows in order, with their targets and sequence ids: it counts the
    selected rows before its block (the mask is a few KB, read from L2) to know where they go.
-2. The host reads `partials` once; the compacted columns are then views, and one gather
-   copies the selected hidden rows.
+2. The host reads the partials once; the compacted columns are then slices of the same
+   allocation, and one gather copies the selected hidden rows.
 
 Used for plans without MTP heads (their draft rows pair rows t and t+k, which the generic
 path selects) that compact the mask. Same checks and messages as `row_groups`.
@@ -40,7 +40,17 @@ _BLOCK_S = 1024  # cu_seqlens entries per tile
 _BLOCK_M = 8192  # mask entries per tile of the rank count (two dependent loads at N = 16384)
 _MAX_PROGRAMS = 1024
 _NUM_WARPS = 8
-_COLUMNS = 8  # of `partials`: count, nonfinite, target min, target max, cu falls, first, last
+# Each program's row of partials: these seven columns and one unused (rows of 64 bytes).
+_COLUMN_NAMES = (
+    "count",
+    "nonfinite",
+    "targets_min",
+    "targets_max",
+    "cu_falls",
+    "cu_first",
+    "cu_last",
+)
+_COLUMNS = 8
 _PARTIALS_STRIDE = tl.constexpr(_COLUMNS)
 
 
@@ -56,19 +66,19 @@ def select_rows_kernel(
     hidden_size,
     search_steps,
     rows_per_program,
-    partials_ptr,
-    compact_ptr,
+    out_ptr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
     """Rows [pid * rows_per_program, +rows_per_program): counts, finiteness, target range,
-    and the compacted selected rows: compact [3, num_rows] gets each selected row's index,
-    target and sequence id (the number of cu_seqlens[1:] entries <= row, by binary search in
-    `search_steps` = bit length of the number of sequences) at its rank among all selected
-    rows."""
+    and the compacted selected rows. `out` holds partials [P, 8] (P programs), then
+    compact [3, num_rows]: each selected row's index, target and sequence id (the number of
+    cu_seqlens[1:] entries <= row, by binary search in `search_steps` = bit length of the
+    number of sequences) at its rank among all selected rows."""
     pid = tl.program_id(0)
+    compact_ptr = out_ptr + tl.num_programs(0) * _PARTIALS_STRIDE
     first = pid * rows_per_program
     stop = tl.minimum(first + rows_per_program, num_rows)
     cols = tl.arange(0, BLOCK_H)
@@ -110,7 +120,7 @@ def select_rows_kernel(
             nonfinite_value = (x != x) | (tl.abs(x) == float("inf"))
             bad = tl.maximum(bad, tl.max(nonfinite_value.to(tl.int32), 1))
         nonfinite += tl.sum(bad, 0)
-    out = partials_ptr + pid * _PARTIALS_STRIDE
+    out = out_ptr + pid * _PARTIALS_STRIDE
     tl.store(out + 0, count.to(tl.int64))
     tl.store(out + 1, nonfinite.to(tl.int64))
     tl.store(out + 2, target_min.to(tl.int64))
@@ -148,10 +158,9 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
     n, hidden = inputs.num_rows, inputs.hidden
     rows_per_program = _BLOCK_R * triton.cdiv(triton.cdiv(n, _MAX_PROGRAMS), _BLOCK_R)
     programs = triton.cdiv(n, rows_per_program)
-    # One allocation for both outputs (each CUDA call here delays the first GEMM).
+    # One allocation for both outputs, read and sliced without views in between: each CUDA
+    # call here delays the first GEMM, and right after the read each costs 2-4x.
     out = torch.empty(programs * _COLUMNS + 3 * n, dtype=torch.int64, device=hidden.device)
-    partials = out[: programs * _COLUMNS].view(programs, _COLUMNS)
-    compact = out[programs * _COLUMNS :].view(3, n)
     num_seqs = inputs.cu_seqlens.shape[0] - 1
     select_rows_kernel[(programs,)](
         inputs.loss_mask,
@@ -164,38 +173,38 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         hidden.shape[1],
         num_seqs.bit_length(),
         rows_per_program,
-        partials,
-        compact,
+        out,
         BLOCK_R=_BLOCK_R,
         BLOCK_H=_BLOCK_H,
         BLOCK_S=_BLOCK_S,
         BLOCK_M=_BLOCK_M,
         num_warps=_NUM_WARPS,
     )
-    read = partials.cpu().numpy()  # the one device read of the forward
+    read = out[: programs * _COLUMNS].tolist()  # the one device read of the forward
+    column = {name: read[i::_COLUMNS] for i, name in enumerate(_COLUMN_NAMES)}
     check_values(
         {
-            "targets_min": int(read[:, 2].min()),
-            "targets_max": int(read[:, 3].max()),
-            "cu_falls": int(read[0, 4]),
-            "cu_first": int(read[0, 5]),
-            "cu_last": int(read[0, 6]),
+            "targets_min": min(column["targets_min"]),
+            "targets_max": max(column["targets_max"]),
+            "cu_falls": column["cu_falls"][0],
+            "cu_first": column["cu_first"][0],
+            "cu_last": column["cu_last"][0],
         },
         inputs,
     )
-    count = int(read[:, 0].sum())
-    rows, targets, seq_ids = compact[:, :count]
+    count = sum(column["count"])
+    compact = programs * _COLUMNS
     group = policy_group(
         plan,
         inputs,
-        rows=rows,
+        rows=out[compact : compact + count],
         valid=_all_true(count, hidden.device),
-        seq_ids=seq_ids,
-        targets=targets,
+        seq_ids=out[compact + 2 * n : compact + 2 * n + count],
+        targets=out[compact + n : compact + n + count],
     )
-    if read[:, 1].any():
+    if any(column["nonfinite"]):
         check_finite_rows(group)
-    return group, hidden if count == n else hidden.index_select(0, rows)
+    return group, hidden if count == n else hidden.index_select(0, group.rows)
 
 
 _ALL_TRUE: dict[torch.device, torch.Tensor] = {}
