@@ -180,19 +180,19 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         BLOCK_M=_BLOCK_M,
         num_warps=_NUM_WARPS,
     )
-    read = out[: programs * _COLUMNS].tolist()  # the one device read of the forward
-    column = {name: read[i::_COLUMNS] for i, name in enumerate(_COLUMN_NAMES)}
+    read = out[: programs * _COLUMNS].cpu().numpy().reshape(programs, _COLUMNS)  # one read
+    column = {name: read[:, i] for i, name in enumerate(_COLUMN_NAMES)}
     check_values(
         {
-            "targets_min": min(column["targets_min"]),
-            "targets_max": max(column["targets_max"]),
-            "cu_falls": column["cu_falls"][0],
-            "cu_first": column["cu_first"][0],
-            "cu_last": column["cu_last"][0],
+            "targets_min": int(column["targets_min"].min()),
+            "targets_max": int(column["targets_max"].max()),
+            "cu_falls": int(column["cu_falls"][0]),
+            "cu_first": int(column["cu_first"][0]),
+            "cu_last": int(column["cu_last"][0]),
         },
         inputs,
     )
-    count = sum(column["count"])
+    count = int(column["count"].sum())
     compact = programs * _COLUMNS
     group = policy_group(
         plan,
@@ -202,7 +202,7 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         seq_ids=out[compact + 2 * n : compact + 2 * n + count],
         targets=out[compact + n : compact + n + count],
     )
-    if any(column["nonfinite"]):
+    if column["nonfinite"].any():
         check_finite_rows(group)
     return group, hidden if count == n else hidden.index_select(0, group.rows)
 
