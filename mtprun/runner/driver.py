@@ -71,6 +71,7 @@ class Driver:
         self.stop.install()
         try:
             self._ensure_model()
+            self._check_teachers()
             self._connect_ray(ray_address)
             self._resume_position()
             with RunProgress(self.console) as progress:
@@ -130,6 +131,17 @@ class Driver:
         template = task.template if task is not None else data.template
         log.info("building a tiny %s model in %s", model.tiny.architecture, target)
         build_tiny_model(model.tiny, build_tokenizer(template), target, self.recipe.seed)
+
+    def _check_teachers(self) -> None:
+        """Fail before Ray starts when a distill teacher is not an HF folder (the trainers
+        would each fail to load it)."""
+        for i, term in enumerate(self.recipe.losses):
+            if term.kind == "distill" and not (Path(term.teacher) / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"losses.{i}.teacher: {term.teacher} is not an HF model folder (no "
+                    "config.json); point it at one, such as a run's export "
+                    "(`mtprun export RUN_DIR` writes RUN_DIR/export/step_N)"
+                )
 
     def _connect_ray(self, address: str | None) -> None:
         address = address or self.recipe.resources.ray_address

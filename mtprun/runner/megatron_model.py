@@ -10,6 +10,8 @@ DotProductAttention applies as given.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
@@ -17,7 +19,9 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
 from megatron.core.transformer.spec_utils import build_module
+from safetensors.torch import load_file
 
+from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
 
 
@@ -198,3 +202,26 @@ def load_megatron_weights(model: PolicyModel, tensors: dict[str, torch.Tensor]) 
             f"converted weights do not match the model: missing {missing[:5]}, "
             f"unexpected {result.unexpected_keys[:5]}"
         )
+
+
+def load_policy_model(
+    model_dir: Path, dims: ModelDims, device: torch.device, tp_rank: int, tp_size: int
+) -> PolicyModel:
+    """The HF folder's model as a PolicyModel on `device`, holding this TP rank's shards."""
+    model = PolicyModel(dims).to(device)
+    weights = hf_to_megatron(
+        read_hf_weights(model_dir), dims, tp_rank, tp_size, source=str(model_dir)
+    )
+    load_megatron_weights(model, weights)
+    return model
+
+
+def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's *.safetensors files."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights found")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        tensors.update(load_file(str(path)))
+    return tensors

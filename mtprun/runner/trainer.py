@@ -17,16 +17,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from safetensors.torch import load_file
 
 from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
-from mtprun.models import ModelDims, hf_to_megatron, megatron_to_hf
+from mtprun.models import ModelDims, megatron_to_hf
 from mtprun.models.tp_layout import gather_state_dict
-from mtprun.runner.megatron_model import MTP_PREFIX, PolicyModel, load_megatron_weights
+from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
 from mtprun.runner.optim import build_groups
 from mtprun.runner.parallel import init_parallel
+from mtprun.runner.teacher import Teacher
 from mtprun.spec.recipe import Recipe
 
 
@@ -59,10 +59,6 @@ class Trainer:
                 f"the HeadPlan was compiled for tp_size={plan.tp_size} but parallel.tp="
                 f"{self.tp_size}; compile it from the same recipe"
             )
-        if plan.term("distill") is not None:
-            raise NotImplementedError(
-                "losses: the trainer has no teacher model yet, so a `distill` term cannot run"
-            )
         self.dims = ModelDims.from_model_dir(model_dir)
         if max(plan.mtp_depths, default=0) > self.dims.mtp_layers:
             raise ValueError(
@@ -70,11 +66,12 @@ class Trainer:
                 f"least that many MTP layers, and {model_dir} has {self.dims.mtp_layers} "
                 "(set model.tiny.architecture: mimo and model.tiny.mtp_layers)"
             )
-        self.model = PolicyModel(self.dims).to(self.device)
-        tp_rank = parallel_state.get_tensor_model_parallel_rank()
-        hf = read_hf_weights(Path(model_dir))
-        weights = hf_to_megatron(hf, self.dims, tp_rank, self.tp_size, source=str(model_dir))
-        load_megatron_weights(self.model, weights)
+        tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
+        self.model = load_policy_model(Path(model_dir), self.dims, self.device, *tp)
+        distill = plan.term("distill")
+        self.teacher = (
+            Teacher(Path(distill.teacher), self.dims, self.device, *tp) if distill else None
+        )
         mtp = plan.term("mtp")
         separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
         self.groups = build_groups(recipe.trainer, self.model, separate)
@@ -162,6 +159,7 @@ class Trainer:
         """Policy forward to the final hidden states, then the fused head loss on them."""
         from mtprun.kernels import head_loss
 
+        teacher: dict[str, torch.Tensor] = {}
         with self._autocast():
             hidden, mtp_hidden = self.model.hidden_states(
                 batch.input_ids,
@@ -169,6 +167,8 @@ class Trainer:
                 batch.cu_seqlens,
                 targets=batch.targets if plan.mtp_depths else None,
             )
+            if plan.term("distill") is not None:
+                teacher = self.teacher.outputs(batch)
         return head_loss(
             hidden,
             self.model.output_weight().to(hidden.dtype),
@@ -181,6 +181,7 @@ class Trainer:
             mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
             cu_seqlens=batch.cu_seqlens,
             tp_group=self.tp_group,
+            **teacher,
         )
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -204,17 +205,6 @@ class Trainer:
         summed = torch.tensor(values, dtype=dtype)
         dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
         return summed.tolist()
-
-
-def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's *.safetensors files."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights found")
-    tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        tensors.update(load_file(str(path)))
-    return tensors
 
 
 def _ensure_parallel(recipe: Recipe) -> None:

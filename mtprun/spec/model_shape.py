@@ -52,7 +52,12 @@ def model_shape(model: ModelSection) -> ModelShape | None:
             mtp_layers=tiny.mtp_layers,
             max_seq_len=tiny.max_seq_len,
         )
-    config = os.path.join(model.path or "", "config.json")
+    return folder_shape(model.path or "")
+
+
+def folder_shape(path: str) -> ModelShape | None:
+    """The shape in an HF folder's config.json; None when it is not readable here."""
+    config = os.path.join(path, "config.json")
     try:
         with open(config, encoding="utf-8") as f:
             fields = json.load(f)

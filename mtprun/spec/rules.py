@@ -17,7 +17,7 @@ from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity, did_you_mean
 from mtprun.spec.mask import uses_sampled_flags
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, VOCAB_MULTIPLE
-from mtprun.spec.model_shape import ModelShape, model_shape
+from mtprun.spec.model_shape import ModelShape, folder_shape, model_shape
 
 if TYPE_CHECKING:
     from mtprun.spec.losses import LossTerm
@@ -105,18 +105,36 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("losses", "parallel")
+@rule("losses", "model", "parallel")
+def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
+    # The trainer runs the teacher split over the policy's TP group and compares the two
+    # distributions token by token. A folder not readable here is reported by the runner.
+    policy = model_shape(r.model)
+    for i, term in _terms(r):
+        teacher = folder_shape(term.teacher) if term.kind == "distill" else None
+        if teacher is None:
+            continue
+        where = ("losses", i, "teacher")
+        if policy is not None and policy.vocab is not None and teacher.vocab != policy.vocab:
+            yield Issue(
+                where,
+                f"the teacher's {teacher.label('vocab')} is {teacher.vocab} but the policy's "
+                f"{policy.label('vocab')} is {policy.vocab}: distillation needs one tokenizer",
+            )
+        for name in ("heads", "kv_heads", "intermediate", "vocab"):
+            count = getattr(teacher, name)
+            if count % r.parallel.tp:
+                yield Issue(
+                    where,
+                    f"parallel.tp {r.parallel.tp} does not divide {teacher.label(name)} "
+                    f"({count}): the teacher is split over the trainer's TP group too",
+                )
+
+
+@rule("parallel")
 def _runner_supports_it(r: Recipe) -> Iterator[Issue]:
     # What `mtprun run`'s trainer refuses today (mtprun/runner/trainer.py); the language keeps
     # them for the library and larger runners, so these are warnings. Drop each when supported.
-    for i, term in _terms(r):
-        if term.kind == "distill":
-            yield Issue(
-                ("losses", i, "kind"),
-                "`mtprun run` cannot train 'distill' yet (the trainer loads no teacher model) "
-                "and stops at start; the mtprun.head_loss library computes it",
-                "warning",
-            )
     for name in ("pp", "cp"):
         if getattr(r.parallel, name) > 1:
             yield Issue(

@@ -36,3 +36,16 @@ def test_invalid_recipe_is_reported_with_its_location(tmp_path, capsys):
     recipe.write_text("name: bad\nmodel: {tiny: {architecture: qwen2}}\ntrainer: {lr: -1}\n")
     assert main(["run", str(recipe)]) == 2
     assert f"{recipe}:3:" in capsys.readouterr().err
+
+
+def test_a_missing_distill_teacher_stops_the_run_before_ray(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel: {tiny: {architecture: qwen2, hidden: 64, heads: 2, kv_heads: 1}}\n"
+        "data: {source: arithmetic}\nlosses: [{kind: ce}, {kind: distill, teacher: missing}]\n"
+        f"run_dir: {tmp_path / 'run'}\n"
+    )
+    assert main(["run", str(recipe)]) == 1
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert f"losses.1.teacher: {tmp_path / 'missing'} is not an HF model folder" in log
+    assert "ray" not in {p.name for p in (tmp_path / "run").iterdir()}

@@ -57,13 +57,6 @@ CASES = {
         SFT + "losses:\n  - {kind: ce, weight: 0}\n  - {kind: entropy}\n",
         ["8:1: every loss term has weight 0 (coef for entropy): nothing trains"],
     ),
-    "distill is not run yet (warning)": (
-        SFT + "losses:\n  - kind: ce\n  - {kind: distill, teacher: /t}\n",
-        [
-            "10:12: warning: `mtprun run` cannot train 'distill' yet (the trainer loads no "
-            "teacher model) and stops at start; the mtprun.head_loss library computes it"
-        ],
-    ),
     "pipeline parallel is not run yet (warning)": (
         SFT + "parallel: {pp: 2}\n",
         [
@@ -264,6 +257,44 @@ rollout:
         f"has none; use a model with MTP layers ({cfg} num_nextn_predict_layers is 0)",
     ]
     (model / "config.json").write_text("{not json")
+    assert located(path) == []  # unreadable here: the runner reports it
+
+
+def _hf_config(folder, **fields) -> None:
+    folder.mkdir()
+    config = {"hidden_size": 128, "intermediate_size": 256, "max_position_embeddings": 512}
+    (folder / "config.json").write_text(json.dumps(config | fields))
+
+
+def test_a_distill_teacher_is_checked_from_its_config(write_recipe, located, tmp_path) -> None:
+    policy, teacher = tmp_path / "policy", tmp_path / "teacher"
+    _hf_config(policy, vocab_size=1000, num_attention_heads=2, num_key_value_heads=2)
+    _hf_config(teacher, vocab_size=1002, num_attention_heads=3, num_key_value_heads=3)
+    text = f"""\
+name: t
+model:
+  path: {policy}
+data: {{source: arithmetic}}
+mask: all
+losses:
+  - kind: ce
+  - kind: distill
+    teacher: {teacher}
+parallel:
+  tp: 2
+"""
+    path = write_recipe(text)
+    cfg = teacher / "config.json"
+    where = f"{path}:9:14"
+    assert located(path) == [
+        f"{where}: the teacher's {cfg} vocab_size is 1002 but the policy's {policy}/config.json "
+        "vocab_size is 1000: distillation needs one tokenizer",
+        f"{where}: parallel.tp 2 does not divide {cfg} num_attention_heads (3): the teacher is "
+        "split over the trainer's TP group too",
+        f"{where}: parallel.tp 2 does not divide {cfg} num_key_value_heads (3): the teacher is "
+        "split over the trainer's TP group too",
+    ]
+    (teacher / "config.json").write_text("{not json")
     assert located(path) == []  # unreadable here: the runner reports it
 
 
