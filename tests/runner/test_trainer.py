@@ -276,15 +276,17 @@ TP_LOSSES = [
 ]
 
 
-def _train_two_steps(model_dir, parallel, batch_ids):
-    """Two clipped SGD steps on RL micro batches `batch_ids` in an initialised process; what
-    rank 0 reports. (SGD, not Adam: Adam's normalised update turns float32 noise in near-zero
-    gradients into lr-sized differences that say nothing about parallelism.)"""
+def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
+    """Two clipped SGD steps on RL micro batches `batch_ids` in an initialised process, with
+    a distill term to `teacher_dir`; what rank 0 reports. (SGD, not Adam: Adam's normalised
+    update turns float32 noise in near-zero gradients into lr-sized differences that say
+    nothing about parallelism.)"""
+    distill = {"kind": "distill", "teacher": str(teacher_dir), "weight": 0.5}
     recipe = make_recipe(
         model_dir,
         rl=True,
         parallel=parallel,
-        losses=TP_LOSSES,
+        losses=[*TP_LOSSES, distill],
         trainer={"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1},
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
@@ -298,7 +300,7 @@ def _train_two_steps(model_dir, parallel, batch_ids):
     }
 
 
-def _parallel_process(rank, parallel, port, model_dir, out_path):
+def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
     from mtprun.runner.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 
@@ -306,7 +308,7 @@ def _parallel_process(rank, parallel, port, model_dir, out_path):
     init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
     # Data-parallel replicas split the step's micro batches; TP ranks share them.
     batch_ids = [rank] if layout.dp == 2 else [0, 1]
-    result = _train_two_steps(model_dir, parallel, batch_ids)
+    result = _train_two_steps(model_dir, teacher_dir, parallel, batch_ids)
     if rank == 0:
         torch.save(result, out_path)
     destroy_parallel()
@@ -314,11 +316,14 @@ def _parallel_process(rank, parallel, port, model_dir, out_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", [{"tp": 2}, {"dp": 2}], ids=["tp2", "dp2"])
-def test_two_processes_train_exactly_like_one(megatron_tp1, tiny_mimo_dir, tmp_path, parallel):
-    args = (parallel, free_port(), tiny_mimo_dir, tmp_path / "two.pt")
+def test_two_processes_train_exactly_like_one(
+    megatron_tp1, tiny_mimo_dir, tiny_qwen2_dir, tmp_path, parallel
+):
+    teacher = tiny_qwen2_dir  # same tokenizer; under TP it is split like the student
+    args = (parallel, free_port(), tiny_mimo_dir, teacher, tmp_path / "two.pt")
     mp.start_processes(_parallel_process, args=args, nprocs=2, start_method="spawn")
     two = torch.load(tmp_path / "two.pt")
-    one = _train_two_steps(tiny_mimo_dir, {}, [0, 1])
+    one = _train_two_steps(tiny_mimo_dir, teacher, {}, [0, 1])
     for step1, step2 in zip(one["metrics"], two["metrics"], strict=True):
         assert step1.keys() == step2.keys()
         for name, value in step1.items():
