@@ -187,11 +187,15 @@ def _validated(plan: HeadPlan, batch: dict):
     return validate(plan, batch["hidden"].detach(), batch["weight"].detach(), **args)
 
 
-@pytest.mark.parametrize("active", [0.0, 0.03, 0.5, 1.0])
-def test_device_row_selection_matches_row_groups(active: float) -> None:
-    """Several programs (16 rows each), many packed sequences, a hidden size over one tile."""
+@pytest.mark.parametrize(
+    ("active", "leading"), [(0.0, 0), (0.03, 0), (0.5, 0), (0.5, 37), (0.97, 500), (1.0, 0)]
+)
+def test_device_row_selection_matches_row_groups(active: float, leading: int) -> None:
+    """Several programs (16 rows each), many packed sequences, a hidden size over one tile;
+    `leading` rows selected first (they keep their index and are not moved by the kernel)."""
     plan = HeadPlan.from_losses(PLANS["grpo"])
     batch = make_batch(int(active * 100) + 5, active, n=1000, h=300, v=50)
+    batch["loss_mask"][:leading] = True
     batch["cu_seqlens"] = torch.tensor([0, 1, 2, 17, 300, 301, 640, 999, 1000])
     inputs = _validated(plan, batch)
     assert selects_on_device(plan, inputs)

@@ -1,4 +1,4 @@
-"""Policy-row selection on the GPU: one Triton launch, one device read, one gather.
+"""Policy-row selection on the GPU: one Triton launch and one device read.
 
 The generic `row_groups` (mtprun.kernels.inputs) issues ~30 small torch ops before the first
 logits GEMM can be queued. At 3% active rows the whole step is a few milliseconds, and the
@@ -6,11 +6,14 @@ GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
 
 1. `select_rows_kernel`: each program takes a block of rows and writes one row of
    partials [P, 8] int64: the selected rows, the selected rows holding a NaN or inf, the
-   min and max target; program 0 adds the cu_seqlens checks (falls, first, last). It also
-   compacts its selected rows in order, with their targets and sequence ids: it counts the
-   selected rows before its block (the mask is a few KB, read from L2) to know where they go.
+   min and max target, its first row outside the mask; program 0 adds the cu_seqlens checks
+   (falls, first, last). It also compacts its selected rows in order, with their targets,
+   sequence ids and hidden rows: it counts the selected rows before its block (the mask is
+   a few KB, read from L2) to know where they go. Rows of the leading run of selected rows
+   keep their index, so they are not copied (a full mask moves nothing).
 2. The host reads the partials once; the compacted columns are then slices of the same
-   allocation, and one gather copies the selected hidden rows.
+   allocation, and the compacted hidden a slice of its buffer, once the leading run is
+   copied in (when some row is masked; a full mask uses the hidden as it is).
 
 Used for plans without MTP heads (their draft rows pair rows t and t+k, which the generic
 path selects) that compact the mask. Same checks and messages as `row_groups`.
@@ -40,7 +43,7 @@ _BLOCK_S = 1024  # cu_seqlens entries per tile
 _BLOCK_M = 8192  # mask entries per tile of the rank count (two dependent loads at N = 16384)
 _MAX_PROGRAMS = 1024
 _NUM_WARPS = 8
-# Each program's row of partials: these seven columns and one unused (rows of 64 bytes).
+# Each program's row of partials.
 _COLUMN_NAMES = (
     "count",
     "nonfinite",
@@ -49,8 +52,9 @@ _COLUMN_NAMES = (
     "cu_falls",
     "cu_first",
     "cu_last",
+    "first_unselected",  # the first row of its block outside the mask, or N
 )
-_COLUMNS = 8
+_COLUMNS = len(_COLUMN_NAMES)
 _PARTIALS_STRIDE = tl.constexpr(_COLUMNS)
 
 
@@ -67,6 +71,7 @@ def select_rows_kernel(
     search_steps,
     rows_per_program,
     out_ptr,
+    student_ptr,
     BLOCK_R: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -76,7 +81,10 @@ def select_rows_kernel(
     and the compacted selected rows. `out` holds partials [P, 8] (P programs), then
     compact [3, num_rows]: each selected row's index, target and sequence id (the number of
     cu_seqlens[1:] entries <= row, by binary search in `search_steps` = bit length of the
-    number of sequences) at its rank among all selected rows."""
+    number of sequences) at its rank among all selected rows. `student` [num_rows, H] gets
+    each selected row of hidden at its rank, except the leading run of selected rows (rank =
+    row; the host copies them when it needs the compacted rows, and uses hidden itself when
+    every row is selected, so a full mask writes nothing)."""
     pid = tl.program_id(0)
     compact_ptr = out_ptr + tl.num_programs(0) * _PARTIALS_STRIDE
     first = pid * rows_per_program
@@ -91,6 +99,7 @@ def select_rows_kernel(
         before += tl.sum(earlier.to(tl.int32), 0)
     count = 0
     nonfinite = 0
+    first_unselected = num_rows
     for block in range(first, stop, BLOCK_R):
         rows = block + tl.arange(0, BLOCK_R)
         inside = rows < stop
@@ -112,11 +121,17 @@ def select_rows_kernel(
         tl.store(compact_ptr + num_rows + rank, targets, mask=selected)
         tl.store(compact_ptr + 2 * num_rows + rank, low.to(tl.int64), mask=selected)
         count += tl.sum(selected.to(tl.int32), 0)
+        unselected = tl.where(inside & ~selected, rows, num_rows)
+        first_unselected = tl.minimum(first_unselected, tl.min(unselected, 0))
+        moved = selected & (rank != rows)
         row_ptr = hidden_ptr + rows.to(tl.int64)[:, None] * stride_hidden
+        student_row_ptr = student_ptr + rank.to(tl.int64)[:, None] * hidden_size
         bad = tl.zeros((BLOCK_R,), dtype=tl.int32)
         for start in range(0, hidden_size, BLOCK_H):
-            in_row = selected[:, None] & (start + cols < hidden_size)[None, :]
-            x = tl.load(row_ptr + start + cols[None, :], mask=in_row, other=0.0).to(tl.float32)
+            in_width = (start + cols < hidden_size)[None, :]
+            x = tl.load(row_ptr + start + cols[None, :], mask=selected[:, None] & in_width)
+            tl.store(student_row_ptr + start + cols[None, :], x, mask=moved[:, None] & in_width)
+            x = x.to(tl.float32)
             nonfinite_value = (x != x) | (tl.abs(x) == float("inf"))
             bad = tl.maximum(bad, tl.max(nonfinite_value.to(tl.int32), 1))
         nonfinite += tl.sum(bad, 0)
@@ -140,6 +155,7 @@ def select_rows_kernel(
     tl.store(out + 4, falls.to(tl.int64))
     tl.store(out + 5, cu_first)
     tl.store(out + 6, cu_last)
+    tl.store(out + 7, first_unselected.to(tl.int64))
 
 
 def selects_on_device(plan: HeadPlan, inputs: HeadInputs) -> bool:
@@ -161,6 +177,7 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
     # One allocation for both outputs, read and sliced without views in between: each CUDA
     # call here delays the first GEMM, and right after the read each costs 2-4x.
     out = torch.empty(programs * _COLUMNS + 3 * n, dtype=torch.int64, device=hidden.device)
+    student = hidden.new_empty(hidden.shape)  # the compacted rows, written by the kernel
     num_seqs = inputs.cu_seqlens.shape[0] - 1
     select_rows_kernel[(programs,)](
         inputs.loss_mask,
@@ -174,6 +191,7 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
         num_seqs.bit_length(),
         rows_per_program,
         out,
+        student,
         BLOCK_R=_BLOCK_R,
         BLOCK_H=_BLOCK_H,
         BLOCK_S=_BLOCK_S,
@@ -204,7 +222,12 @@ def select_policy_rows(plan: HeadPlan, inputs: HeadInputs) -> tuple[RowGroup, to
     )
     if column["nonfinite"].any():
         check_finite_rows(group)
-    return group, hidden if count == n else hidden.index_select(0, group.rows)
+    if count == n:
+        return group, hidden
+    prefix = int(column["first_unselected"].min())  # leading selected rows, not moved
+    if prefix:
+        student[:prefix].copy_(hidden[:prefix])
+    return group, student[:count]
 
 
 _ALL_TRUE: dict[torch.device, torch.Tensor] = {}
