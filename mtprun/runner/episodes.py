@@ -36,6 +36,7 @@ class Episodes:
     rewards: torch.Tensor  # [prompts, n]
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
+    tool_turns: list[int]  # tool answers inserted into each episode
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -45,6 +46,7 @@ class Episodes:
             "response/length": float(lengths.mean()),
             "response/length_max": float(lengths.max()),
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
+            "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
         }
 
@@ -66,6 +68,7 @@ class _Episode:
     conversation: Conversation
     sampled_tokens: int = 0
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
+    tool_turns: int = 0
 
     def add_turn(self, sample: Any, renderer: Renderer) -> None:
         """A turn the engine sampled (token ids with their log-probs)."""
@@ -120,6 +123,7 @@ class EpisodeCollector:
             rewards=torch.tensor(rewards, dtype=torch.float32).view(len(prompts), n),
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
+            tool_turns=[e.tool_turns for e in episodes],
         )
 
     def _tool_answers(self, episode: _Episode, last_turn: bool) -> bool:
@@ -134,6 +138,7 @@ class EpisodeCollector:
             return False
         episode.builder.add_inserted(inserted)
         episode.conversation = (*episode.conversation, reply)
+        episode.tool_turns += 1
         return True
 
     def pack(self, episodes: Episodes, mask: Any, micro_batch_tokens: int) -> list[PackedBatch]:

@@ -143,6 +143,7 @@ def test_metrics_params_tags_and_artifacts_land_in_mlflow(grpo_run):
         "train/trained_token_frac",
         "train/tokens_per_s",
         "rollout/tokens_per_s",
+        "rollout/tool_turns",
         "time/rollout_s",
         "time/train_s",
         "time/sync_s",
@@ -155,6 +156,7 @@ def test_metrics_params_tags_and_artifacts_land_in_mlflow(grpo_run):
     ):
         assert key in metrics, sorted(metrics)
     assert 0.0 <= metrics["reward/mean"] <= 1.0
+    assert metrics["rollout/tool_turns"] == 0.0  # one turn per episode: no tool answers
     assert 0.0 < metrics["train/trained_token_frac"] < 1.0  # the prompt is never trained
     params = record.run.data.params
     assert params["task.name"] == "arithmetic"
