@@ -3,13 +3,17 @@ log, read the run back through the MLflow client."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from mlflow import MlflowClient
@@ -56,6 +60,20 @@ HANG_GUARD_S = 900
 def finish(proc: subprocess.Popen, timeout: float = HANG_GUARD_S) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
+
+
+@contextlib.contextmanager
+def finished_run(recipe: Path, *overrides: str, prefix: str) -> Iterator[RunRecord]:
+    """`recipe` with `overrides` run to its end in a new folder under /tmp (short: Ray's Unix
+    sockets live under <run_dir>/ray); its MLflow record, the folder removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        run_dir = root / "run"
+        code, out = finish(start(recipe, f"run_dir={run_dir}", *overrides, cwd=root))
+        assert code == 0, out[-3000:]
+        yield RunRecord(run_dir)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def log_size(log_file: Path) -> int:

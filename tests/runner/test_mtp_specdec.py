@@ -4,13 +4,11 @@ MLflow records rises from chance to most drafts accepted."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from .cli_run import RunRecord, finish, start
+from .cli_run import finished_run
 
 pytestmark = pytest.mark.slow
 
@@ -20,14 +18,8 @@ RL_STEPS = 6
 
 @pytest.fixture(scope="module")
 def specdec_run():
-    # A short folder: Ray's Unix sockets live under <run_dir>/ray.
-    root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))
-    run_dir = root / "run"
-    proc = start(RECIPE, f"run_dir={run_dir}", f"trainer.steps={RL_STEPS}", cwd=root)
-    code, out = finish(proc)
-    assert code == 0, out[-3000:]
-    yield RunRecord(run_dir)
-    shutil.rmtree(root, ignore_errors=True)
+    with finished_run(RECIPE, f"trainer.steps={RL_STEPS}", prefix="mtp") as record:
+        yield record
 
 
 def test_draft_acceptance_rises_over_training(specdec_run):

@@ -4,13 +4,11 @@ policy samples again after it, and the step trains on those multi-turn trajector
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from .cli_run import RunRecord, finish, start
+from .cli_run import finished_run
 
 pytestmark = pytest.mark.slow
 
@@ -20,13 +18,8 @@ RL_STEPS = 2
 
 @pytest.fixture(scope="module")
 def agentic_run():
-    root = Path(tempfile.mkdtemp(prefix="agt", dir="/tmp"))  # short: Ray's sockets
-    run_dir = root / "run"
-    proc = start(RECIPE, f"run_dir={run_dir}", f"trainer.steps={RL_STEPS}", cwd=root)
-    code, out = finish(proc)
-    assert code == 0, out[-3000:]
-    yield RunRecord(run_dir)
-    shutil.rmtree(root, ignore_errors=True)
+    with finished_run(RECIPE, f"trainer.steps={RL_STEPS}", prefix="agt") as record:
+        yield record
 
 
 def test_rollouts_call_the_tool_and_continue_after_its_answer(agentic_run):
