@@ -1,4 +1,5 @@
-"""The trainer: a Megatron-core policy, the fused head loss, torch.optim, weight export.
+"""The trainer: a Megatron-core policy, the fused head loss, torch.optim, weight export (and
+a frozen teacher model when the plan distills).
 
 One Trainer lives in each trainer process. With tensor parallelism each process holds its
 shards and the head loss runs vocab-parallel over the TP group; every process of a TP group
@@ -70,7 +71,9 @@ class Trainer:
         self.model = load_policy_model(Path(model_dir), self.dims, self.device, *tp)
         distill = plan.term("distill")
         self.teacher = (
-            Teacher(Path(distill.teacher), self.dims, self.device, *tp) if distill else None
+            Teacher(Path(distill.teacher), self.dims, self.device, *tp)
+            if distill is not None
+            else None
         )
         mtp = plan.term("mtp")
         separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
