@@ -5,6 +5,7 @@ each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.tr
 (bf16 autocast over float32 master weights, NCCL process group of one), runs optimizer steps
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
 it exports the weights to HF format and checks the trainer's log-probs against transformers.
+The distill case also runs a frozen teacher of the same shape in every micro batch.
 
     python bench/gpu_smoke_megatron.py                # on the GPU machine
     python bench/gpu_smoke_megatron.py --cpu-dry-run  # tiny sizes on CPU, checks the script
@@ -49,6 +50,8 @@ CASES = [
         rl=True,
     ),
     Case("mimo: ce + mtp(soft)", "mimo", [{"kind": "ce"}, {"kind": "mtp"}]),
+    # The teacher: a second random-init model of the same shape (run_case builds it).
+    Case("distill: ce + distill(T=2)", "qwen2", [{"kind": "ce"}, {"kind": "distill"}]),
 ]
 # (hidden, layers, heads, kv_heads, intermediate, vocab, tokens per micro batch, micro batches)
 GPU_SIZE = (1024, 4, 8, 2, 4096, 32768, 4096, 2)
@@ -101,6 +104,7 @@ def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work:
         mtp_layers=1 if case.architecture == "mimo" else 0,
     )  # fmt: skip
     folder = build_tiny_model(spec, build_tokenizer("char"), work / case.architecture, seed=0)
+    losses = [_with_teacher(term, spec, work) for term in case.losses]
     source = (
         {"task": {"name": "arithmetic", "reward": "arithmetic", "template": "char"}}
         if case.rl
@@ -111,7 +115,7 @@ def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work:
             "name": "gpu-smoke",
             "model": {"path": str(folder), "dtype": dtype},
             **source,
-            "losses": case.losses,
+            "losses": losses,
             "trainer": {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": tokens},
         }
     )
@@ -144,6 +148,16 @@ def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work:
     if device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _with_teacher(term: dict, spec: TinyModel, work: Path) -> dict:
+    """A distill term gets a teacher folder (built once, seed 1) and temperature 2."""
+    if term["kind"] != "distill":
+        return term
+    teacher = work / "teacher"
+    if not teacher.exists():
+        build_tiny_model(spec, build_tokenizer("char"), teacher, seed=1)
+    return {**term, "teacher": str(teacher), "temperature": 2.0}
 
 
 def main() -> None:
