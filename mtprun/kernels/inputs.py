@@ -210,7 +210,7 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
         seq_of_row = sequence_ids(cu_seqlens, n)
 
     if plan.compact_mask:
-        rows = indices(mask, read["policy_rows"])
+        rows = _indices(mask, read["policy_rows"])
     else:
         rows = torch.arange(n, device=mask.device)
     groups = [
@@ -225,7 +225,7 @@ def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
     ]
     mtp = plan.term("mtp")
     for k, valid, count in zip(plan.mtp_depths, draft_valid, read["draft_rows"], strict=True):
-        draft_rows = indices(valid, count)
+        draft_rows = _indices(valid, count)
         groups.append(
             RowGroup(
                 name=f"mtp/{k}",
@@ -304,7 +304,7 @@ def check_values(read: dict, inputs: HeadInputs) -> None:
         raise _cu_seqlens_error(inputs.cu_seqlens, n)
 
 
-def indices(selected: torch.Tensor, count: int) -> torch.Tensor:
+def _indices(selected: torch.Tensor, count: int) -> torch.Tensor:
     """[count] positions of the True entries; `count` known, so the device is not asked."""
     return torch.nonzero_static(selected, size=count).squeeze(1)
 

@@ -121,14 +121,13 @@ def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
                 f"the teacher's {teacher.label('vocab')} is {teacher.vocab} but the policy's "
                 f"{policy.label('vocab')} is {policy.vocab}: distillation needs one tokenizer",
             )
-        for name in ("heads", "kv_heads", "intermediate", "vocab"):
-            count = getattr(teacher, name)
-            if count % r.parallel.tp:
-                yield Issue(
-                    where,
-                    f"parallel.tp {r.parallel.tp} does not divide {teacher.label(name)} "
-                    f"({count}): the teacher is split over the trainer's TP group too",
-                )
+        names = ("heads", "kv_heads", "intermediate", "vocab")
+        for name, count in _not_split_by(r.parallel.tp, teacher, names):
+            yield Issue(
+                where,
+                f"parallel.tp {r.parallel.tp} does not divide {teacher.label(name)} "
+                f"({count}): the teacher is split over the trainer's TP group too",
+            )
 
 
 @rule("parallel")
@@ -241,6 +240,14 @@ def _speculation_needs_rollouts(r: Recipe) -> Iterator[Issue]:
         )
 
 
+def _not_split_by(tp: int, shape: ModelShape, names: tuple[str, ...]) -> Iterator[tuple[str, int]]:
+    """(name, count) of each of `names` that `tp` ranks cannot split evenly."""
+    for name in names:
+        count = getattr(shape, name)
+        if count % tp:
+            yield name, count
+
+
 def _more_mtp_layers(shape: ModelShape, setting: str) -> str:
     if shape.config is None:
         return f"set model.tiny.architecture: mimo and {setting}"
@@ -255,12 +262,8 @@ def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
     # Each rank holds whole attention heads, a slice of the MLP and an equal vocab shard (the
     # trainer does not pad the vocab at run time; a tiny model's null vocab is padded to a
     # multiple of VOCAB_MULTIPLE when it is built).
-    for name in ("heads", "kv_heads", "intermediate"):
-        count = getattr(shape, name)
-        if count % tp:
-            yield Issue(
-                ("parallel", "tp"), f"tp {tp} does not divide {shape.label(name)} ({count})"
-            )
+    for name, count in _not_split_by(tp, shape, ("heads", "kv_heads", "intermediate")):
+        yield Issue(("parallel", "tp"), f"tp {tp} does not divide {shape.label(name)} ({count})")
     vocab = shape.vocab if shape.vocab is not None else VOCAB_MULTIPLE
     if vocab % tp:
         fix = (
