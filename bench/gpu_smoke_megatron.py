@@ -92,7 +92,8 @@ def hf_logprob_gap(trainer: Trainer, batch: PackedBatch, folder: Path, device: s
     with torch.no_grad():
         logits = torch.cat([model(s[None]).logits[0] for s in batch.input_ids.split(lengths)])
         want = logits.log_softmax(-1).gather(-1, batch.targets[:, None])[:, 0]
-    got = trainer.logprobs(batch).to(device)
+    (got,) = trainer.logprobs([batch])
+    got = got.to(device)
     return float((got - want)[batch.loss_mask].abs().max())
 
 

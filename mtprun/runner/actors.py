@@ -95,7 +95,7 @@ class TrainerWorker:
 
     def logprobs(self, batches: list[PackedBatch], reference: bool = False) -> list[torch.Tensor]:
         model = self.reference if reference else self.trainer
-        return [model.logprobs(batch) for batch in batches]
+        return model.logprobs(batches)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full HF-named weights (gathered over TP); only rank 0 returns them."""

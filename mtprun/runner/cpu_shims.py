@@ -1,8 +1,12 @@
 """Shims that let Megatron-core run on a CPU-only machine (gloo backend, CPU tensors).
 
-Megatron-core assumes CUDA in two places that the trainer reaches on CPU:
+Megatron-core assumes CUDA in four places that the trainer reaches on CPU:
 - `torch.cuda.current_device()` is used as a device argument when tensors are created;
   returning "cpu" makes those tensors CPU tensors.
+- the pipeline schedule's shape exchange calls `torch.cuda.synchronize()` after its
+  point-to-point ops; gloo's ops are done once waited on, so there is nothing to wait for.
+- the pipeline schedules create their token counter with `device="cuda"`; their module gets
+  a view of torch whose `zeros` puts such tensors on the CPU.
 - the model-parallel RNG tracker forks CUDA RNG states; the inference tracker is a plain
   context manager that needs no CUDA state.
 Both are applied only when no GPU is present, so GPU runs use Megatron unchanged.
@@ -20,12 +24,28 @@ def needs_cpu_shims() -> bool:
 
 
 def apply_cpu_shims() -> None:
-    """Patch torch.cuda.current_device; idempotent, no-op on machines with a GPU."""
+    """Patch torch.cuda.current_device and synchronize; idempotent, no-op on machines with
+    a GPU."""
     global _applied
     if _applied or not needs_cpu_shims():
         return
     torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda device=None: None
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _TorchOnCpu()
     _applied = True
+
+
+class _TorchOnCpu:
+    """torch, except that `zeros(..., device="cuda")` makes a CPU tensor."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*size, device=None, **kwargs) -> torch.Tensor:
+        return torch.zeros(*size, device="cpu" if device == "cuda" else device, **kwargs)
 
 
 def reset_rng_tracker() -> None:

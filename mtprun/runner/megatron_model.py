@@ -1,11 +1,12 @@
-"""The trainer's model: a Megatron-core GPTModel (local layer spec) plus MiMo-style MTP layers.
+"""The trainer's model: a Megatron-core GPTModel (local layer spec) plus MiMo-style MTP layers,
+one pipeline stage of it per process.
 
-`PolicyModel.hidden_states` is the trainer's forward. It returns the final (normed) hidden
+`PolicyModel.hidden_states` is the last stage's forward. It returns the final (normed) hidden
 states for the fused head loss, which applies the output layer itself, so Megatron's own
-logits and loss are never computed. Packed sequences: position ids restart at every sequence
-start and are used to index the rotary table, and attention is block-diagonal causal over
-`cu_seqlens` via an explicit boolean mask (True = masked), which the local spec's
-DotProductAttention applies as given.
+logits and loss are never computed; earlier stages run `stage_hidden`. Packed sequences:
+position ids restart at every sequence start and are used to index the rotary table, and
+attention is block-diagonal causal over `cu_seqlens` via an explicit boolean mask (True =
+masked), which the local spec's DotProductAttention applies as given.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from safetensors.torch import load_file
 
 from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
+from mtprun.models.pp_layout import PipelineStage, stage_tensors
 
 
-def transformer_config(dims: ModelDims) -> TransformerConfig:
-    """Megatron config for a Qwen2/Llama-style decoder; fusions off so CPU paths are taken."""
-    return TransformerConfig(
+def transformer_config(dims: ModelDims, pp: int = 1) -> TransformerConfig:
+    """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages;
+    fusions off so CPU paths are taken."""
+    config = TransformerConfig(
         num_layers=dims.layers,
         hidden_size=dims.hidden,
         num_attention_heads=dims.heads,
@@ -51,7 +54,18 @@ def transformer_config(dims: ModelDims) -> TransformerConfig:
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+        pipeline_model_parallel_size=pp,
+        # Stages exchange float32 hidden states (the residual stream's dtype under autocast
+        # too) by plain isend/irecv pairs.
+        pipeline_dtype=torch.float32,
+        batch_p2p_comm=False,
+        # The trainer weights each micro batch's loss itself (its share of the step's tokens).
+        calculate_per_token_loss=True,
     )
+    # Shapes go first: packed micro batches differ in length. Set after construction because
+    # the config's check of MoE token dispatchers refuses it even for a model without experts.
+    config.variable_seq_lengths = True
+    return config
 
 
 class MiMoMTPLayer(torch.nn.Module):
@@ -91,30 +105,46 @@ MTP_PREFIX = "mtp_layers."  # parameter names of the MTP head
 
 
 class PolicyModel(GPTModel):
-    """GPTModel with optional MiMo MTP layers under `mtp_layers.{i}.`."""
+    """One pipeline stage of a GPTModel, with optional MiMo MTP layers under `mtp_layers.{i}.`
+    on the last stage (the whole model when the stage is the only one)."""
 
-    def __init__(self, dims: ModelDims) -> None:
-        config = transformer_config(dims)
+    def __init__(self, dims: ModelDims, stage: PipelineStage | None = None) -> None:
+        stage = stage or PipelineStage(0, 1, dims.layers)
+        config = transformer_config(dims, stage.size)
         super().__init__(
             config=config,
             transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
             vocab_size=dims.vocab,
             max_sequence_length=dims.max_seq_len,
-            share_embeddings_and_output_weights=dims.tie_embeddings,
+            pre_process=stage.first,
+            post_process=stage.last,
+            # Split over stages, a tied model's output layer is a copy (see pp_layout).
+            share_embeddings_and_output_weights=dims.tie_embeddings and stage.size == 1,
             position_embedding_type="rope",
             rotary_base=int(dims.rope_theta),
         )
         self.dims = dims
+        self.stage = stage
+        mtp_layers = dims.mtp_layers if stage.last else 0
         self.mtp_layers = torch.nn.ModuleList(
-            MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(dims.mtp_layers)
+            MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(mtp_layers)
         )
         check_native_mtp_loss_disabled(self)
 
     def output_weight(self) -> torch.Tensor:
-        """The output layer's weight: this rank's vocab shard [V/tp, H]."""
+        """The output layer's weight (last stage): this rank's vocab shard [V/tp, H]."""
         if self.share_embeddings_and_output_weights:
             return self.shared_embedding_or_output_weight()
         return self.output_layer.weight
+
+    def stage_hidden(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+    ) -> torch.Tensor:
+        """This stage's decoder layers over packed [T] inputs: [T, 1, H] pre-norm hidden
+        states. The first stage starts from the embedding, the others from the tensor the
+        pipeline schedule received (`set_input_tensor`)."""
+        hidden, _, _ = self._decoder(input_ids, position_ids, cu_seqlens)
+        return hidden
 
     def hidden_states(
         self,
@@ -123,22 +153,30 @@ class PolicyModel(GPTModel):
         cu_seqlens: torch.Tensor,
         targets: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Packed [T] inputs -> (final hidden [T, H], MTP hidden per head, each [T, H]).
+        """Last stage: packed [T] inputs -> (final hidden [T, H], MTP hidden per head, each
+        [T, H]).
 
         MTP head k (1-based) at row t reads the trunk's pre-norm hidden at t (head 1) or head
         k-1's output, and the embedding of token t+k = targets[t+k-1]; both are detached, so
         a draft loss never reaches the trunk. Rows whose t+k leaves the sequence hold
         garbage that the head loss masks out. The MTP heads run only when `targets` is given.
         """
+        hidden, mask, rope = self._decoder(input_ids, position_ids, cu_seqlens)
+        final = self.decoder.final_layernorm(hidden)
+        return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, mask, rope)
+
+    def _decoder(self, input_ids, position_ids, cu_seqlens):
         num_tokens = input_ids.numel()
         mask = packed_causal_mask(cu_seqlens, num_tokens, input_ids.device)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
         rope = self.rotary_pos_emb(self.max_sequence_length).to(position_ids.device)[position_ids]
-        hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
+        if self.pre_process:
+            hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
+        else:
+            hidden = self.decoder.input_tensor
         for layer in self.decoder.layers:
             hidden, _ = layer(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rope)
-        final = self.decoder.final_layernorm(hidden)
-        return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, mask, rope)
+        return hidden, mask, rope
 
     def _mtp_hidden(self, trunk_hidden, targets, position_ids, mask, rope) -> list[torch.Tensor]:
         if targets is None:
@@ -205,14 +243,20 @@ def load_megatron_weights(model: PolicyModel, tensors: dict[str, torch.Tensor]) 
 
 
 def load_policy_model(
-    model_dir: Path, dims: ModelDims, device: torch.device, tp_rank: int, tp_size: int
+    model_dir: Path,
+    dims: ModelDims,
+    device: torch.device,
+    tp_rank: int,
+    tp_size: int,
+    stage: PipelineStage | None = None,
 ) -> PolicyModel:
-    """The HF folder's model as a PolicyModel on `device`, holding this TP rank's shards."""
-    model = PolicyModel(dims).to(device)
+    """The HF folder's model as a PolicyModel on `device`, holding this TP rank's shards of
+    pipeline `stage` (None: the whole model)."""
+    model = PolicyModel(dims, stage).to(device)
     weights = hf_to_megatron(
         read_hf_weights(model_dir), dims, tp_rank, tp_size, source=str(model_dir)
     )
-    load_megatron_weights(model, weights)
+    load_megatron_weights(model, stage_tensors(weights, dims, model.stage))
     return model
 
 

@@ -1,4 +1,4 @@
-"""torch.optim optimizer, learning-rate schedule and tensor-parallel-aware grad clipping.
+"""torch.optim optimizer, learning-rate schedule and grad clipping by the whole model's norm.
 
 Megatron's optimizer wrapper needs CUDA, so the trainer uses torch.optim on every device.
 """
@@ -17,6 +17,17 @@ from mtprun.spec.trainer import TrainerSection
 NamedParams = list[tuple[str, torch.nn.Parameter]]
 
 
+@dataclass(frozen=True)
+class NormScope:
+    """Where the pieces of the whole model's gradient norm live: tensor-parallel shards are
+    summed over `tp`, pipeline stages over `pp` (None: this process alone), and the tensors
+    named in `copies` are counted on another stage (a tied output layer's copy)."""
+
+    tp: dist.ProcessGroup | None = None
+    pp: dist.ProcessGroup | None = None
+    copies: frozenset[str] = frozenset()
+
+
 @dataclass
 class OptimizedGroup:
     """Parameters stepped together: one optimizer, one lr schedule, one clipping norm."""
@@ -30,9 +41,9 @@ class OptimizedGroup:
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
 
-    def step(self, max_norm: float | None, tp_group: dist.ProcessGroup | None) -> float:
+    def step(self, max_norm: float | None, scope: NormScope) -> float:
         """Clip, step and advance the schedule; returns the norm before clipping."""
-        norm = clip_grads(self.params, max_norm, tp_group)
+        norm = clip_grads(self.params, max_norm, scope)
         self.optimizer.step()
         self.scheduler.step()
         return norm
@@ -90,31 +101,36 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(trainer, step))
 
 
-def global_grad_norm(named_params: NamedParams, tp_group: dist.ProcessGroup | None) -> torch.Tensor:
-    """L2 norm of all gradients of the full (unsharded) model: squares of tensor-parallel
-    shards are summed over the TP group, replicated tensors are counted once."""
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
+def global_grad_norm(named_params: NamedParams, scope: NormScope) -> torch.Tensor:
+    """L2 norm of all gradients of the full (unsharded, unsplit) model: squares of
+    tensor-parallel shards are summed over the TP group, replicated tensors are counted once,
+    and the stages' sums are added over the pipeline group."""
+    # On the parameters' device: NCCL reduces device tensors only.
+    device = named_params[0][1].device if named_params else torch.device("cpu")
+    sharded = torch.zeros((), dtype=torch.float64, device=device)
+    replicated = torch.zeros((), dtype=torch.float64, device=device)
     for name, p in named_params:
-        if p.grad is None:
+        if p.grad is None or name in scope.copies:
             continue
-        square = p.grad.detach().double().pow(2).sum().cpu()
+        square = p.grad.detach().double().pow(2).sum()
         if split_of(name) == "replicated":
             replicated += square
         else:
             sharded += square
-    if tp_group is not None and dist.get_world_size(tp_group) > 1:
-        dist.all_reduce(sharded, group=tp_group)
-    return (sharded + replicated).sqrt()
+    _sum_over(sharded, scope.tp)
+    total = sharded + replicated
+    _sum_over(total, scope.pp)
+    return total.sqrt()
 
 
-def clip_grads(
-    named_params: NamedParams,
-    max_norm: float | None,
-    tp_group: dist.ProcessGroup | None,
-) -> float:
+def _sum_over(value: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(value, group=group)
+
+
+def clip_grads(named_params: NamedParams, max_norm: float | None, scope: NormScope) -> float:
     """Clip to max_norm (None: measure only); returns the norm before clipping."""
-    norm = global_grad_norm(named_params, tp_group)
+    norm = global_grad_norm(named_params, scope)
     if max_norm is not None:
         params = [p for _, p in named_params]
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm.float())

@@ -3,9 +3,12 @@ a frozen teacher model when the plan distills).
 
 One Trainer lives in each trainer process. With tensor parallelism each process holds its
 shards and the head loss runs vocab-parallel over the TP group; every process of a TP group
-gets the same micro batches. Data-parallel replicas get different micro batches; each micro
-batch is weighted by its share of the step's trained tokens and replica gradients are summed,
-so a step over N replicas equals one process stepping over all of their micro batches.
+gets the same micro batches. With pipeline parallelism each process holds one stage's layers,
+the micro batches flow through the stages on Megatron-core's 1F1B schedule and the last stage
+runs the head loss (and the teacher). Data-parallel replicas get different micro batches;
+each micro batch is weighted by its share of the step's trained tokens and replica gradients
+are summed, so a step over N replicas equals one process stepping over all of their micro
+batches.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.models import ModelDims, megatron_to_hf
+from mtprun.models.pp_layout import PipelineStage, global_tensors, is_tied_copy
 from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
-from mtprun.runner.optim import build_groups
+from mtprun.runner.optim import NormScope, build_groups
 from mtprun.runner.parallel import init_parallel
+from mtprun.runner.pipeline import run_micro_batches
 from mtprun.runner.teacher import Teacher
 from mtprun.spec.recipe import Recipe
 
@@ -67,17 +72,33 @@ class Trainer:
                 f"least that many MTP layers, and {model_dir} has {self.dims.mtp_layers} "
                 "(set model.tiny.architecture: mimo and model.tiny.mtp_layers)"
             )
+        self.stage = PipelineStage(
+            parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            self.dims.layers,
+        )
+        if plan.mtp_depths and self.stage.size > 1:
+            raise ValueError(
+                "losses: mtp terms need the token embedding beside the MTP layers, and with "
+                f"parallel.pp={self.stage.size} they sit on different stages; set pp: 1"
+            )
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
-        self.model = load_policy_model(Path(model_dir), self.dims, self.device, *tp)
+        self.model = load_policy_model(Path(model_dir), self.dims, self.device, *tp, self.stage)
         distill = plan.term("distill")
         self.teacher = (
             Teacher(Path(distill.teacher), self.dims, self.device, *tp)
-            if distill is not None
+            if distill is not None and self.stage.last
             else None
         )
         mtp = plan.term("mtp")
         separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
         self.groups = build_groups(recipe.trainer, self.model, separate)
+        names = [n for n, _ in self.model.named_parameters()]
+        self._norm_scope = NormScope(
+            tp=self.tp_group,
+            pp=parallel_state.get_pipeline_model_parallel_group() if self.stage.size > 1 else None,
+            copies=frozenset(n for n in names if is_tied_copy(n, self.dims, self.stage)),
+        )
         self.step = 0
         self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
 
@@ -90,7 +111,8 @@ class Trainer:
         the loss, every metric of the plan (same weighting), grad_norm (before clipping), lr
         (of this step), tokens and trained_tokens (of the whole step). With
         `mtp.separate_optimizer` the MTP layers are clipped and stepped on their own, and
-        grad_norm is the policy's alone (the MTP head's is mtp/grad_norm).
+        grad_norm is the policy's alone (the MTP head's is mtp/grad_norm). Under pipeline
+        parallelism the loss and metrics are the last stage's (0 on the others).
         """
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
@@ -101,19 +123,20 @@ class Trainer:
         tokens, total = self._sum_over_data_parallel(
             [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
         )
+        shares = [
+            (mb, count / total) for mb, count in zip(micro_batches, trained, strict=True) if count
+        ]
+        # A micro batch without trained tokens teaches nothing; every rank skips it alike.
+        reports = run_micro_batches(self.model, shares, self._train_micro_batch)
         sums = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
-        for batch, count in zip(micro_batches, trained, strict=True):
-            if count == 0:
-                continue  # nothing to learn; every TP rank skips it alike
-            out = self._head_loss(batch.to(self.device), self.plan)
-            share = count / total
-            (out.loss * share).backward()
-            sums["loss"] += share * float(out.loss.detach())
-            for name, value in out.metrics.items():
-                sums[name] += share * float(value)
+        for report in reports:
+            for name, value in report.items():
+                sums[name] += value
+        self._sum_tied_embedding_grads()
         self._sum_data_parallel_grads()
         lr = self.groups[0].lr
-        norms = {g.name: g.step(self.recipe.trainer.grad_clip, self.tp_group) for g in self.groups}
+        clip = self.recipe.trainer.grad_clip
+        norms = {g.name: g.step(clip, self._norm_scope) for g in self.groups}
         self.step += 1
         summed = self._sum_over_data_parallel(list(sums.values()))
         metrics = dict(zip(sums, summed, strict=True))
@@ -122,18 +145,28 @@ class Trainer:
         return {**metrics, "lr": lr, "tokens": tokens, "trained_tokens": total}
 
     @torch.no_grad()
-    def logprobs(self, batch: PackedBatch) -> torch.Tensor:
-        """[T] log-prob of each target under the current policy, 0 where loss_mask is False
-        (for old and reference log-probs)."""
+    def logprobs(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
+        """Per batch, the [T] log-prob of each target under the current policy, 0 where
+        loss_mask is False (for old and reference log-probs). Only the last pipeline stage
+        has them; the other stages return []."""
         self.model.eval()
-        out = self._head_loss(batch.to(self.device), self._logprob_plan)
-        return out.logprobs.float().cpu()
+        reports = run_micro_batches(self.model, batches, self._logprob_micro_batch, True)
+        return [report["logprobs"] for report in reports]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full HF-named tensors (gathered over TP) for vLLM weight sync and HF export.
-        Every process of the TP group must call it (it all-gathers)."""
+        """Full HF-named tensors (gathered over TP and pipeline stages) for vLLM weight sync
+        and HF export. Every process of the model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
-        return megatron_to_hf(gather_state_dict(local, self.tp_size, self.tp_group), self.dims)
+        full = gather_state_dict(local, self.tp_size, self.tp_group)
+        full = global_tensors(full, self.dims, self.stage)
+        if self.stage.size > 1:
+            parts: list[Any] = [None] * self.stage.size
+            mine = {name: t.cpu() for name, t in full.items()}
+            dist.all_gather_object(
+                parts, mine, group=parallel_state.get_pipeline_model_parallel_group()
+            )
+            full = {name: t for part in parts for name, t in part.items()}
+        return megatron_to_hf(full, self.dims)
 
     def state_dict(self) -> dict[str, Any]:
         """This process's model shards, optimizer, scheduler and step (for checkpoints).
@@ -158,18 +191,34 @@ class Trainer:
             group.scheduler.load_state_dict(state["schedulers"][group.name])
         self.step = int(state["step"])
 
-    def _head_loss(self, batch: PackedBatch, plan: HeadPlan) -> HeadLossOutput:
-        """Policy forward to the final hidden states, then the fused head loss on them."""
+    def _train_micro_batch(self, item: tuple[PackedBatch, float]) -> Any:
+        """Pipeline step of train_step: the loss weighted by the micro batch's share of the
+        step's trained tokens, and the loss and metrics so weighted."""
+        batch, share = item
+        out = self._stage_forward(batch.to(self.device), self.plan)
+        if not isinstance(out, HeadLossOutput):
+            return out
+        report = {"loss": share * float(out.loss.detach())}
+        report.update({name: share * float(value) for name, value in out.metrics.items()})
+        return out.loss * share, report
+
+    def _logprob_micro_batch(self, batch: PackedBatch) -> Any:
+        out = self._stage_forward(batch.to(self.device), self._logprob_plan)
+        if not isinstance(out, HeadLossOutput):
+            return out
+        return out.loss, {"logprobs": out.logprobs.float().cpu()}
+
+    def _stage_forward(self, batch: PackedBatch, plan: HeadPlan) -> torch.Tensor | HeadLossOutput:
+        """This stage's layers; on the last stage, the fused head loss on their output."""
         from mtprun.kernels import head_loss
 
+        inputs = (batch.input_ids, batch.position_ids, batch.cu_seqlens)
         teacher: dict[str, torch.Tensor] = {}
         with self._autocast():
-            hidden, mtp_hidden = self.model.hidden_states(
-                batch.input_ids,
-                batch.position_ids,
-                batch.cu_seqlens,
-                targets=batch.targets if plan.mtp_depths else None,
-            )
+            if not self.stage.last:
+                return self.model.stage_hidden(*inputs)
+            targets = batch.targets if plan.mtp_depths else None
+            hidden, mtp_hidden = self.model.hidden_states(*inputs, targets=targets)
             if plan.term("distill") is not None:
                 teacher = self.teacher.outputs(batch)
         return head_loss(
@@ -192,6 +241,22 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self._compute_dtype)
 
+    def _sum_tied_embedding_grads(self) -> None:
+        """A tied model split over stages holds the embedding on the first stage and a copy
+        as the output layer on the last: both take the sum of their gradients."""
+        if not (self.dims.tie_embeddings and self.stage.size > 1):
+            return
+        if not (self.stage.first or self.stage.last):
+            return
+        weight = (
+            self.model.embedding.word_embeddings.weight
+            if self.stage.first
+            else self.model.output_layer.weight
+        )
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
     def _sum_data_parallel_grads(self) -> None:
         if self.dp_size == 1:
             return
@@ -205,15 +270,15 @@ class Trainer:
         if self.dp_size == 1:
             return values
         dtype = torch.int64 if all(isinstance(v, int) for v in values) else torch.float64
-        summed = torch.tensor(values, dtype=dtype)
+        summed = torch.tensor(values, dtype=dtype, device=self.device)  # NCCL: device tensors
         dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
         return summed.tolist()
 
 
 def _ensure_parallel(recipe: Recipe) -> None:
-    if recipe.parallel.pp > 1 or recipe.parallel.cp > 1:
+    if recipe.parallel.cp > 1:
         raise NotImplementedError(
-            "parallel: the trainer splits models with tp and dp only; set pp: 1 and cp: 1"
+            "parallel: the trainer splits models with tp, pp and dp only; set cp: 1"
         )
     if parallel_state.model_parallel_is_initialized():
         return

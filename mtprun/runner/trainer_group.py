@@ -1,5 +1,6 @@
 """The trainer ranks as one object: every call goes to all ranks at once (their collectives
-must meet), and rank 0 answers."""
+must meet). The last rank answers for losses and log-probs (it holds the last pipeline stage,
+where they are computed); rank 0 holds the gathered weights."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from mtprun.runner.actors import TrainerWorker, stop_actors, torch_threads
 
 
 class TrainerGroup:
-    """actors[r] is trainer rank r; Megatron orders ranks TP-fastest, so rank r belongs to
-    data-parallel replica (r // tp) % dp."""
+    """actors[r] is trainer rank r; Megatron orders ranks TP-fastest, then DP, then PP, so
+    rank r belongs to data-parallel replica (r // tp) % dp and the last ranks to the last
+    pipeline stage."""
 
     def __init__(self, actors: list[Any], parallel: Any, seed: int) -> None:
         self.actors = actors
@@ -49,10 +51,10 @@ class TrainerGroup:
             actor.train_step.remote(micro_batches[d :: self.dp])
             for actor, d in zip(self.actors, self.replica, strict=True)
         ]
-        return ray.get(refs)[0]
+        return ray.get(refs)[-1]
 
     def logprobs(self, batches: list[Any], reference: bool = False) -> list[Any]:
-        return self._all("logprobs", batches, reference)[0]
+        return self._all("logprobs", batches, reference)[-1]
 
     def weights_ref(self) -> Any:
         """ObjectRef of the full HF weights (rank 0's), for the rollout engines to fetch."""

@@ -15,6 +15,7 @@ CONFIG_KEYS = {
     "heads": "num_attention_heads",
     "kv_heads": "num_key_value_heads",
     "intermediate": "intermediate_size",
+    "layers": "num_hidden_layers",
     "mtp_layers": "num_nextn_predict_layers",
     "max_seq_len": "max_position_embeddings",
 }
@@ -27,6 +28,7 @@ class ModelShape:
     heads: int
     kv_heads: int
     intermediate: int
+    layers: int
     mtp_layers: int
     max_seq_len: int
     config: str | None = None  # the config.json it was read from; None for a tiny model
@@ -49,6 +51,7 @@ def model_shape(model: ModelSection) -> ModelShape | None:
             heads=tiny.heads,
             kv_heads=tiny.kv_heads,
             intermediate=tiny.intermediate,
+            layers=tiny.layers,
             mtp_layers=tiny.mtp_layers,
             max_seq_len=tiny.max_seq_len,
         )
@@ -68,6 +71,7 @@ def folder_shape(path: str) -> ModelShape | None:
             heads=heads,
             kv_heads=int(fields.get("num_key_value_heads") or heads),
             intermediate=int(fields["intermediate_size"]),
+            layers=int(fields["num_hidden_layers"]),
             mtp_layers=int(fields.get("num_nextn_predict_layers") or 0),
             max_seq_len=int(fields.get("max_position_embeddings") or 2048),
             config=config,

@@ -133,14 +133,37 @@ def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
 @rule("parallel")
 def _runner_supports_it(r: Recipe) -> Iterator[Issue]:
     # What `mtprun run`'s trainer refuses today (mtprun/runner/trainer.py); the language keeps
-    # them for the library and larger runners, so these are warnings. Drop each when supported.
-    for name in ("pp", "cp"):
-        if getattr(r.parallel, name) > 1:
+    # it for the library and larger runners, so this is a warning. Drop it when supported.
+    if r.parallel.cp > 1:
+        yield Issue(
+            ("parallel", "cp"),
+            "`mtprun run` splits the trainer with tp, pp and dp only and stops at start with "
+            "cp > 1",
+            "warning",
+        )
+
+
+@rule("parallel", "model")
+def _pp_splits_model(r: Recipe) -> Iterator[Issue]:
+    shape, pp = model_shape(r.model), r.parallel.pp
+    if shape is not None and shape.layers % pp:
+        yield Issue(
+            ("parallel", "pp"),
+            f"pp {pp} does not divide {shape.label('layers')} ({shape.layers}): each pipeline "
+            "stage holds an equal share of the decoder layers",
+        )
+
+
+@rule("parallel", "losses")
+def _mtp_on_one_stage(r: Recipe) -> Iterator[Issue]:
+    if r.parallel.pp == 1:
+        return
+    for i, term in _terms(r):
+        if term.kind == "mtp":
             yield Issue(
-                ("parallel", name),
-                f"`mtprun run` splits the trainer with tp and dp only and stops at start with "
-                f"{name} > 1",
-                "warning",
+                ("losses", i, "kind"),
+                f"an mtp term needs parallel.pp: 1 (it is {r.parallel.pp}): the MTP layers sit "
+                "on the last pipeline stage and read the token embedding, which the first holds",
             )
 
 

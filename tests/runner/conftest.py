@@ -47,6 +47,13 @@ def tiny_mimo_dir(tmp_path_factory, tokenizer) -> Path:
     return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("mimo"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_tied_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-init Qwen2 folder whose output layer is the input embedding."""
+    spec = TinyModel(architecture="qwen2", tie_embeddings=True, **TINY)
+    return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("tied"), seed=4)
+
+
 def make_recipe(model_dir: Path, rl: bool = False, **sections: Any) -> Recipe:
     """An SFT recipe (rl: a GRPO recipe on the arithmetic task) on `model_dir`; keyword
     arguments replace whole sections."""

@@ -9,12 +9,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
-from mtprun.models import ModelDims, build_tiny_model, hf_to_megatron, megatron_to_hf
+from mtprun.models import ModelDims, hf_to_megatron, megatron_to_hf
+from mtprun.models.pp_layout import PipelineStage, global_tensors, stage_tensors
 from mtprun.models.qwen2 import fuse_qkv, split_qkv
 from mtprun.models.tp_layout import unshard
-from mtprun.spec.model import TinyModel
-
-from .conftest import TINY
 
 
 def _dims(**change) -> ModelDims:
@@ -41,7 +39,9 @@ def test_fused_qkv_is_laid_out_per_query_group():
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_mimo_dir", "tied_dir", "llama_dir"])
+@pytest.mark.parametrize(
+    "fixture", ["tiny_qwen2_dir", "tiny_mimo_dir", "tiny_tied_dir", "llama_dir"]
+)
 def test_round_trip_through_tp_shards_is_exact(request, fixture, tp):
     folder = request.getfixturevalue(fixture)
     dims = ModelDims.from_model_dir(folder)
@@ -52,6 +52,37 @@ def test_round_trip_through_tp_shards_is_exact(request, fixture, tp):
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
+
+
+@pytest.mark.parametrize("fixture", ["tiny_mimo_dir", "tiny_tied_dir"])
+def test_round_trip_through_pipeline_stages_is_exact(request, fixture):
+    folder = request.getfixturevalue(fixture)
+    dims = ModelDims.from_model_dir(folder)
+    full = hf_to_megatron(load_file(folder / "model.safetensors"), dims)
+    first, last = (stage_tensors(full, dims, PipelineStage(r, 2, dims.layers)) for r in (0, 1))
+    # Stage-local layer numbers; the embedding first, the final norm and the heads last.
+    assert {n.split(".")[2] for n in [*first, *last] if n.startswith("decoder.layers.")} == {"0"}
+    assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
+    assert (
+        "decoder.final_layernorm.weight" in last and "embedding.word_embeddings.weight" not in last
+    )
+    assert "output_layer.weight" in last  # a copy of the embedding when tied
+    assert any(n.startswith("mtp_layers.") for n in last) == (dims.mtp_layers > 0)
+    merged = {}
+    for rank, local in enumerate((first, last)):
+        merged.update(global_tensors(local, dims, PipelineStage(rank, 2, dims.layers)))
+    assert merged.keys() == full.keys()
+    for name, tensor in full.items():
+        assert torch.equal(merged[name], tensor), name
+
+
+def test_pipeline_stages_refuse_a_split_that_does_not_fit():
+    with pytest.raises(ValueError, match="pp=2 does not divide the model's 3 decoder layers"):
+        PipelineStage(0, 2, 3)
+    with pytest.raises(ValueError, match=r"stage 2 is outside 0\.\.1"):
+        PipelineStage(2, 2, 2)
+    with pytest.raises(ValueError, match=r"no pipeline stage is known to hold 'rotary\.inv_freq'"):
+        stage_tensors({"rotary.inv_freq": torch.ones(1)}, _dims(), PipelineStage(0, 1, 1))
 
 
 def test_tp_shards_split_the_vocab_and_the_glu_halves(tiny_qwen2_dir):
@@ -92,12 +123,6 @@ def llama_dir(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def tied_dir(tmp_path_factory, tokenizer):
-    spec = TinyModel(tie_embeddings=True, **TINY)
-    return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("tied"), seed=4)
-
-
 def _megatron_model(folder):
     from mtprun.runner.megatron_model import PolicyModel, load_megatron_weights
 
@@ -107,7 +132,7 @@ def _megatron_model(folder):
     return model.eval()
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tied_dir", "llama_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_tied_dir", "llama_dir"])
 def test_megatron_logits_equal_transformers_logits(request, megatron_tp1, fixture):
     folder = request.getfixturevalue(fixture)
     model = _megatron_model(folder)

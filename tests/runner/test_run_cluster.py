@@ -1,5 +1,6 @@
 """An SFT run joining a separately started Ray head on loopback (`ray start --head`) through
-`--ray-address`, as on a cluster; its metrics read back through the MLflow client."""
+`--ray-address`, as on a cluster, with its trainer split into two pipeline stages (one Ray
+actor each); its metrics read back through the MLflow client."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def _wait_for_cluster(address: str, head: subprocess.Popen, timeout: float = 180
     raise AssertionError(f"the Ray head at {address} did not come up in {timeout} s")
 
 
-def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
+def test_pipelined_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
     recipe = write_recipe(
         tmp_path,
         {
@@ -90,6 +91,7 @@ def test_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
             "model": {"tiny": E2E_TINY},
             "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 256},
             "losses": [{"kind": "ce"}, {"kind": "z_loss"}],
+            "parallel": {"pp": 2},
             "trainer": {
                 "lr": 3e-3,
                 "steps": STEPS,

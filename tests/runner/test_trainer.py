@@ -139,7 +139,7 @@ def test_logprobs_match_transformers_under_the_mask(megatron_tp1, tiny_qwen2_dir
     recipe = make_recipe(tiny_qwen2_dir)
     trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
     batch = random_packed_batch(trainer.dims.vocab, [11, 17], seed=5)
-    got = trainer.logprobs(batch)
+    (got,) = trainer.logprobs([batch])
     reference = _hf_float64(tiny_qwen2_dir)
     with torch.no_grad():
         logits = torch.cat([reference(s[None]).logits[0] for s in batch.input_ids.split([11, 17])])
@@ -243,9 +243,9 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
         Trainer(recipe, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "ce"}], tp_size=2), "cpu")
     with pytest.raises(ValueError, match="MTP layers"):
         Trainer(recipe, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "mtp"}]), "cpu")
-    with pytest.raises(NotImplementedError, match="pp: 1"):
+    with pytest.raises(NotImplementedError, match="cp: 1"):
         Trainer(
-            make_recipe(tiny_qwen2_dir, parallel={"pp": 2}), tiny_qwen2_dir, trainer.plan, "cpu"
+            make_recipe(tiny_qwen2_dir, parallel={"cp": 2}), tiny_qwen2_dir, trainer.plan, "cpu"
         )
     bf16 = make_recipe(tiny_qwen2_dir, model={"path": str(tiny_qwen2_dir), "dtype": "bfloat16"})
     with pytest.raises(ValueError, match="float32 on CPU"):
@@ -266,27 +266,27 @@ def test_init_parallel_refuses_a_layout_that_does_not_match_the_processes():
         init_parallel(ParallelSection(tp=2), 2, 2, "127.0.0.1", free_port())
 
 
-# --- tensor and data parallelism: two gloo processes against one ------------------------
+# --- tensor, pipeline and data parallelism: two gloo processes against one ---------------
 
-TP_LOSSES = [
+PARALLEL_LOSSES = [
     {"kind": "ce"},
     {"kind": "grpo", "kl_coef": 0.1},
     {"kind": "z_loss", "weight": 1e-3},
-    {"kind": "mtp"},
 ]
 
 
 def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
     """Two clipped SGD steps on RL micro batches `batch_ids` in an initialised process, with
-    a distill term to `teacher_dir`; what rank 0 reports. (SGD, not Adam: Adam's normalised
-    update turns float32 noise in near-zero gradients into lr-sized differences that say
-    nothing about parallelism.)"""
+    a distill term to `teacher_dir` (and an mtp term when the model has MTP layers); what
+    this rank reports. (SGD, not Adam: Adam's normalised update turns float32 noise in
+    near-zero gradients into lr-sized differences that say nothing about parallelism.)"""
     distill = {"kind": "distill", "teacher": str(teacher_dir), "weight": 0.5}
+    mtp = [{"kind": "mtp"}] if "mimo" in str(model_dir) else []
     recipe = make_recipe(
         model_dir,
         rl=True,
         parallel=parallel,
-        losses=[*TP_LOSSES, distill],
+        losses=[*PARALLEL_LOSSES, *mtp, distill],
         trainer={"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1},
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
@@ -295,8 +295,9 @@ def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
     metrics = [trainer.train_step(mine) for _ in range(2)]
     return {
         "metrics": metrics,
-        "logprobs": trainer.logprobs(batches[0]),
+        "logprobs": trainer.logprobs(batches[:1]),
         "state": trainer.hf_state_dict(),
+        "decoder_layers": len(trainer.model.decoder.layers),
     }
 
 
@@ -306,24 +307,30 @@ def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
 
     layout = ParallelSection(**parallel)
     init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-    # Data-parallel replicas split the step's micro batches; TP ranks share them.
+    # Data-parallel replicas split the step's micro batches; TP ranks and stages share them.
     batch_ids = [rank] if layout.dp == 2 else [0, 1]
     result = _train_two_steps(model_dir, teacher_dir, parallel, batch_ids)
-    if rank == 0:
+    if rank == layout.world_size - 1:  # on the last stage, where losses are computed
         torch.save(result, out_path)
     destroy_parallel()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"dp": 2}], ids=["tp2", "dp2"])
+@pytest.mark.parametrize(
+    ("parallel", "model"),
+    [({"tp": 2}, "mimo"), ({"dp": 2}, "mimo"), ({"pp": 2}, "qwen2"), ({"pp": 2}, "tied")],
+    ids=["tp2", "dp2", "pp2", "pp2-tied"],
+)
 def test_two_processes_train_exactly_like_one(
-    megatron_tp1, tiny_mimo_dir, tiny_qwen2_dir, tmp_path, parallel
+    megatron_tp1, tiny_qwen2_dir, tmp_path, request, parallel, model
 ):
+    model_dir = request.getfixturevalue(f"tiny_{model}_dir")
     teacher = tiny_qwen2_dir  # same tokenizer; under TP it is split like the student
-    args = (parallel, free_port(), tiny_mimo_dir, teacher, tmp_path / "two.pt")
+    args = (parallel, free_port(), model_dir, teacher, tmp_path / "two.pt")
     mp.start_processes(_parallel_process, args=args, nprocs=2, start_method="spawn")
     two = torch.load(tmp_path / "two.pt")
-    one = _train_two_steps(tiny_mimo_dir, teacher, {}, [0, 1])
+    one = _train_two_steps(model_dir, teacher, {}, [0, 1])
+    assert two["decoder_layers"] == one["decoder_layers"] // parallel.get("pp", 1)
     for step1, step2 in zip(one["metrics"], two["metrics"], strict=True):
         assert step1.keys() == step2.keys()
         for name, value in step1.items():

@@ -57,11 +57,25 @@ CASES = {
         SFT + "losses:\n  - {kind: ce, weight: 0}\n  - {kind: entropy}\n",
         ["8:1: every loss term has weight 0 (coef for entropy): nothing trains"],
     ),
-    "pipeline parallel is not run yet (warning)": (
-        SFT + "parallel: {pp: 2}\n",
+    "context parallel is not run yet (warning)": (
+        SFT + "parallel: {cp: 2}\n",
         [
-            "8:16: warning: `mtprun run` splits the trainer with tp and dp only and stops at "
-            "start with pp > 1"
+            "8:16: warning: `mtprun run` splits the trainer with tp, pp and dp only and stops "
+            "at start with cp > 1"
+        ],
+    ),
+    "pp that does not divide the layers": (
+        SFT + "parallel: {pp: 3}\n",
+        [
+            "8:16: pp 3 does not divide model.tiny.layers (2): each pipeline stage holds an "
+            "equal share of the decoder layers"
+        ],
+    ),
+    "mtp under pipeline parallelism": (
+        MIMO + "parallel: {pp: 2}\nlosses:\n  - kind: ce\n  - kind: mtp\n",
+        [
+            "13:11: an mtp term needs parallel.pp: 1 (it is 2): the MTP layers sit on the last "
+            "pipeline stage and read the token embedding, which the first holds"
         ],
     ),
     "one term per kind": (
@@ -146,8 +160,8 @@ CASES = {
         [
             "7:44: 510 is not divisible by 2*cp = 4 (context parallelism splits each row "
             "into 2*cp chunks)",
-            "8:16: warning: `mtprun run` splits the trainer with tp and dp only and stops at "
-            "start with cp > 1",
+            "8:16: warning: `mtprun run` splits the trainer with tp, pp and dp only and stops "
+            "at start with cp > 1",
         ],
     ),
     "rollout response longer than the model's positions": (
@@ -225,6 +239,7 @@ def test_an_hf_folder_is_checked_from_its_config(write_recipe, located, tmp_path
         "num_attention_heads": 6,
         "num_key_value_heads": 3,
         "intermediate_size": 256,
+        "num_hidden_layers": 4,
         "max_position_embeddings": 128,
     }
     (model / "config.json").write_text(json.dumps(config))
@@ -262,7 +277,12 @@ rollout:
 
 def _hf_config(folder, **fields) -> None:
     folder.mkdir()
-    config = {"hidden_size": 128, "intermediate_size": 256, "max_position_embeddings": 512}
+    config = {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 512,
+    }
     (folder / "config.json").write_text(json.dumps(config | fields))
 
 

@@ -1,0 +1,102 @@
+"""Which Megatron-core tensors each pipeline stage holds, under which names, and back.
+
+Stage s of pp holds decoder layers [s * L/pp, (s + 1) * L/pp), numbered from 0 in its own
+state dict (Megatron's layer modules are stage-local). The first stage also holds the input
+embedding; the last holds the final norm, the output layer and the MTP layers. A tied model
+keeps a copy of the embedding as the last stage's output layer: the trainer sums the two
+copies' gradients over the embedding group, so they stay equal, and only the first stage's
+copy is exported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from mtprun.models.dims import ModelDims
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+_EMBEDDING = "embedding.word_embeddings.weight"
+_OUTPUT = "output_layer.weight"
+_LAST_STAGE_PREFIXES = ("decoder.final_layernorm.", "output_layer.", "mtp_layers.")
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """Stage `rank` of `size`; `layers` is the model's decoder layer count."""
+
+    rank: int
+    size: int
+    layers: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"pipeline stage {self.rank} is outside 0..{self.size - 1}")
+        if self.layers % self.size:
+            raise ValueError(
+                f"parallel.pp={self.size} does not divide the model's {self.layers} decoder "
+                "layers; choose a pp that divides num_hidden_layers"
+            )
+
+    @property
+    def first(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def last(self) -> bool:
+        return self.rank == self.size - 1
+
+    @property
+    def layer_offset(self) -> int:
+        """Global index of this stage's first decoder layer."""
+        return self.rank * (self.layers // self.size)
+
+    def holds_layer(self, index: int) -> bool:
+        return self.layer_offset <= index < self.layer_offset + self.layers // self.size
+
+
+def stage_tensors(
+    full: Mapping[str, torch.Tensor], dims: ModelDims, stage: PipelineStage
+) -> dict[str, torch.Tensor]:
+    """Whole-model Megatron tensors -> this stage's, under its local names."""
+    out = {}
+    for name, tensor in full.items():
+        layer = _LAYER.match(name)
+        if layer is not None:
+            index = int(layer.group(1))
+            if stage.holds_layer(index):
+                out[f"decoder.layers.{index - stage.layer_offset}.{layer.group(2)}"] = tensor
+        elif name == _EMBEDDING:
+            if stage.first:
+                out[name] = tensor
+            if stage.last and dims.tie_embeddings and stage.size > 1:
+                out[_OUTPUT] = tensor
+        elif name.startswith(_LAST_STAGE_PREFIXES):
+            if stage.last:
+                out[name] = tensor
+        else:
+            raise ValueError(f"no pipeline stage is known to hold {name!r}")
+    return out
+
+
+def global_tensors(
+    local: Mapping[str, torch.Tensor], dims: ModelDims, stage: PipelineStage
+) -> dict[str, torch.Tensor]:
+    """This stage's tensors under whole-model names; the tied output copy is left out."""
+    out = {}
+    for name, tensor in local.items():
+        layer = _LAYER.match(name)
+        if layer is not None:
+            name = f"decoder.layers.{int(layer.group(1)) + stage.layer_offset}.{layer.group(2)}"
+        elif name == _OUTPUT and is_tied_copy(name, dims, stage):
+            continue
+        out[name] = tensor
+    return out
+
+
+def is_tied_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:
+    """True for the last stage's output layer when it copies the first stage's embedding."""
+    return name == _OUTPUT and dims.tie_embeddings and stage.size > 1 and stage.last
