@@ -5,9 +5,12 @@ each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.tr
 (bf16 autocast over float32 master weights, NCCL process group of one), runs optimizer steps
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
 it exports the weights to HF format and checks the trainer's log-probs against transformers.
-The distill case also runs a frozen teacher of the same shape in every micro batch.
+The distill case also runs a frozen teacher of the same shape in every micro batch. With
+`--pp N` the trainer is split into N pipeline stages, one process and GPU each (NCCL), and the
+last stage reports (the mimo case is skipped: mtp terms need pp 1).
 
     python bench/gpu_smoke_megatron.py                # on the GPU machine
+    python bench/gpu_smoke_megatron.py --pp 2         # two pipeline stages on two GPUs
     python bench/gpu_smoke_megatron.py --cpu-dry-run  # tiny sizes on CPU, checks the script
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import socket
 import tempfile
 import time
 import traceback
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
 
 from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
@@ -80,24 +85,31 @@ def random_batch(vocab: int, tokens: int, seed: int, rl: bool, device: str) -> P
     return batch.to(device)
 
 
-def hf_logprob_gap(trainer: Trainer, batch: PackedBatch, folder: Path, device: str) -> float:
+def hf_logprob_gap(trainer: Trainer, batch: PackedBatch, folder: Path, device: str) -> float | None:
     """Max |trainer log-prob - transformers log-prob| over trained tokens, with the trainer's
-    current weights exported to HF format (transformers in float32, trainer under autocast)."""
+    current weights exported to HF format (transformers in float32, trainer under autocast).
+    Every pipeline stage must call it (both trainer calls are collective); None except on
+    the last stage."""
     from transformers import AutoModelForCausalLM
 
+    weights = trainer.hf_state_dict()
+    logprobs = trainer.logprobs([batch])
+    if not logprobs:
+        return None
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.load_state_dict(trainer.hf_state_dict(), strict=False)
+    model.load_state_dict(weights, strict=False)
     model.to(device).eval()
     lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
     with torch.no_grad():
         logits = torch.cat([model(s[None]).logits[0] for s in batch.input_ids.split(lengths)])
         want = logits.log_softmax(-1).gather(-1, batch.targets[:, None])[:, 0]
-    (got,) = trainer.logprobs([batch])
-    got = got.to(device)
-    return float((got - want)[batch.loss_mask].abs().max())
+    got = logprobs[0].to(device)
+    return round(float((got - want)[batch.loss_mask].abs().max()), 5)
 
 
-def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work: Path) -> dict:
+def run_case(
+    case: Case, size: tuple, device: str, dtype: str, steps: int, work: Path, pp: int = 1
+) -> dict:
     hidden, layers, heads, kv_heads, inter, vocab, tokens, micro = size
     spec = TinyModel(
         architecture=case.architecture, hidden=hidden, layers=layers, heads=heads,
@@ -118,6 +130,7 @@ def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work:
             **source,
             "losses": losses,
             "trainer": {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": tokens},
+            "parallel": {"pp": pp},
         }
     )
     trainer = Trainer(recipe, folder, compile_recipe(recipe), device)
@@ -142,7 +155,7 @@ def run_case(case: Case, size: tuple, device: str, dtype: str, steps: int, work:
         if device == "cuda"
         else None,
         "metrics": {k: round(v, 5) for k, v in metrics.items()},
-        "hf_logprob_max_abs_diff": round(hf_logprob_gap(trainer, batches[0], folder, device), 5),
+        "hf_logprob_max_abs_diff": hf_logprob_gap(trainer, batches[0], folder, device),
     }
     del trainer
     gc.collect()
@@ -161,10 +174,50 @@ def _with_teacher(term: dict, spec: TinyModel, work: Path) -> dict:
     return {**term, "teacher": str(teacher), "temperature": 2.0}
 
 
+def run_cases(size: tuple, device: str, dtype: str, steps: int, pp: int = 1) -> list[dict]:
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            if pp > 1 and case.architecture == "mimo":
+                continue
+            try:
+                results.append(run_case(case, size, device, dtype, steps, Path(tmp), pp))
+            except Exception as error:  # report every case, even after one fails
+                traceback.print_exc()
+                results.append({"case": case.name, "error": f"{type(error).__name__}: {error}"})
+            print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def _stage_process(rank: int, pp: int, port: int, steps: int, out: Path) -> None:
+    """Pipeline stage `rank` of `pp` on GPU `rank`; the last stage writes the results."""
+    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.spec.parallel import ParallelSection
+
+    init_parallel(ParallelSection(pp=pp), rank, pp, "127.0.0.1", port)
+    results = run_cases(GPU_SIZE, "cuda", "bfloat16", steps, pp)
+    if rank == pp - 1:
+        out.write_text(json.dumps(results))
+    destroy_parallel()
+
+
+def run_pipelined(pp: int, steps: int) -> list[dict]:
+    if torch.cuda.device_count() < pp:
+        raise SystemExit(f"--pp {pp} needs {pp} GPUs, this machine has {torch.cuda.device_count()}")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "results.json"
+        mp.start_processes(_stage_process, (pp, port, steps, out), nprocs=pp, start_method="spawn")
+        return json.loads(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on CPU")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--pp", type=int, default=1, help="pipeline stages, one GPU each")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     device = "cpu" if args.cpu_dry_run else "cuda"
@@ -175,17 +228,12 @@ def main() -> None:
     import megatron.core
 
     print(f"megatron-core {megatron.core.__version__}")
-    size = CPU_SIZE if args.cpu_dry_run else GPU_SIZE
-    dtype = "float32" if args.cpu_dry_run else "bfloat16"
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for case in CASES:
-            try:
-                results.append(run_case(case, size, device, dtype, args.steps, Path(tmp)))
-            except Exception as error:  # report every case, even after one fails
-                traceback.print_exc()
-                results.append({"case": case.name, "error": f"{type(error).__name__}: {error}"})
-            print(json.dumps(results[-1]), flush=True)
+    if args.pp > 1:
+        results = run_pipelined(args.pp, args.steps)
+    elif args.cpu_dry_run:
+        results = run_cases(CPU_SIZE, device, "float32", args.steps)
+    else:
+        results = run_cases(GPU_SIZE, device, "bfloat16", args.steps)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -6,8 +6,6 @@ GPTModel building its own MultiTokenPredictionBlock) and expects the model build
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import (
@@ -22,8 +20,10 @@ from mtprun.runner.megatron_model import PolicyModel
 _transformer_config = megatron_model.transformer_config
 
 
-def _with_native_mtp(dims: ModelDims):
-    return dataclasses.replace(_transformer_config(dims), mtp_num_layers=1)
+def _with_native_mtp(dims: ModelDims, pp: int = 1):
+    config = _transformer_config(dims, pp)
+    config.mtp_num_layers = 1  # set, not replaced: replace() would re-run the config's checks
+    return config
 
 
 def test_policy_model_builds_without_megatron_mtp(megatron_tp1, tiny_mimo_dir):
