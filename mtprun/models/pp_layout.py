@@ -50,12 +50,16 @@ class PipelineStage:
         return self.rank == self.size - 1
 
     @property
+    def layers_per_stage(self) -> int:
+        return self.layers // self.size
+
+    @property
     def layer_offset(self) -> int:
         """Global index of this stage's first decoder layer."""
-        return self.rank * (self.layers // self.size)
+        return self.rank * self.layers_per_stage
 
     def holds_layer(self, index: int) -> bool:
-        return self.layer_offset <= index < self.layer_offset + self.layers // self.size
+        return self.layer_offset <= index < self.layer_offset + self.layers_per_stage
 
 
 def stage_tensors(
@@ -72,7 +76,7 @@ def stage_tensors(
         elif name == _EMBEDDING:
             if stage.first:
                 out[name] = tensor
-            if stage.last and dims.tie_embeddings and stage.size > 1:
+            if is_tied_copy(_OUTPUT, dims, stage):
                 out[_OUTPUT] = tensor
         elif name.startswith(_LAST_STAGE_PREFIXES):
             if stage.last:
@@ -91,12 +95,18 @@ def global_tensors(
         layer = _LAYER.match(name)
         if layer is not None:
             name = f"decoder.layers.{int(layer.group(1)) + stage.layer_offset}.{layer.group(2)}"
-        elif name == _OUTPUT and is_tied_copy(name, dims, stage):
+        elif is_tied_copy(name, dims, stage):
             continue
         out[name] = tensor
     return out
 
 
+def splits_tied_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
+    """True when the model ties its output layer to the embedding and the stages hold the two
+    apart (the first stage the embedding, the last its copy)."""
+    return dims.tie_embeddings and stage.size > 1
+
+
 def is_tied_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:
     """True for the last stage's output layer when it copies the first stage's embedding."""
-    return name == _OUTPUT and dims.tie_embeddings and stage.size > 1 and stage.last
+    return name == _OUTPUT and stage.last and splits_tied_embedding(dims, stage)

@@ -98,7 +98,8 @@ class TrainerWorker:
         return model.logprobs(batches)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full HF-named weights (gathered over TP); only rank 0 returns them."""
+        """Full HF-named weights (gathered over TP and pipeline stages); only rank 0 returns
+        them."""
         weights = self.trainer.hf_state_dict()
         return weights if self.rank == 0 else None
 

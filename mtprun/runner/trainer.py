@@ -26,7 +26,12 @@ from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.models import ModelDims, megatron_to_hf
-from mtprun.models.pp_layout import PipelineStage, global_tensors, is_tied_copy
+from mtprun.models.pp_layout import (
+    PipelineStage,
+    global_tensors,
+    is_tied_copy,
+    splits_tied_embedding,
+)
 from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
 from mtprun.runner.optim import NormScope, build_groups
@@ -244,7 +249,7 @@ class Trainer:
     def _sum_tied_embedding_grads(self) -> None:
         """A tied model split over stages holds the embedding on the first stage and a copy
         as the output layer on the last: both take the sum of their gradients."""
-        if not (self.dims.tie_embeddings and self.stage.size > 1):
+        if not splits_tied_embedding(self.dims, self.stage):
             return
         if not (self.stage.first or self.stage.last):
             return

@@ -146,11 +146,13 @@ def _runner_supports_it(r: Recipe) -> Iterator[Issue]:
 @rule("parallel", "model")
 def _pp_splits_model(r: Recipe) -> Iterator[Issue]:
     shape, pp = model_shape(r.model), r.parallel.pp
-    if shape is not None and shape.layers % pp:
+    if shape is None:
+        return
+    for name, count in _not_split_by(pp, shape, ("layers",)):
         yield Issue(
             ("parallel", "pp"),
-            f"pp {pp} does not divide {shape.label('layers')} ({shape.layers}): each pipeline "
-            "stage holds an equal share of the decoder layers",
+            f"pp {pp} does not divide {shape.label(name)} ({count}): each pipeline stage holds "
+            "an equal share of the decoder layers",
         )
 
 
