@@ -5,7 +5,9 @@ state dict (Megatron's layer modules are stage-local). The first stage also hold
 embedding; the last holds the final norm, the output layer and the MTP layers. A tied model
 keeps a copy of the embedding as the last stage's output layer: the trainer sums the two
 copies' gradients over the embedding group, so they stay equal, and only the first stage's
-copy is exported.
+copy is exported. A model with MTP layers also keeps the embedding on the last stage, where
+the MTP layers look up the next tokens: it is that stage's tied output layer, or a frozen copy
+the trainer refreshes from the first stage after every step; it is never exported.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def stage_tensors(
             if stage.holds_layer(index):
                 out[f"decoder.layers.{index - stage.layer_offset}.{layer.group(2)}"] = tensor
         elif name == _EMBEDDING:
-            if stage.first:
+            if stage.first or holds_mtp_embedding(dims, stage):
                 out[name] = tensor
             if is_tied_copy(_OUTPUT, dims, stage):
                 out[_OUTPUT] = tensor
@@ -95,7 +97,7 @@ def global_tensors(
         layer = _LAYER.match(name)
         if layer is not None:
             name = f"decoder.layers.{int(layer.group(1)) + stage.layer_offset}.{layer.group(2)}"
-        elif is_tied_copy(name, dims, stage):
+        elif is_tied_copy(name, dims, stage) or is_mtp_embedding_copy(name, dims, stage):
             continue
         out[name] = tensor
     return out
@@ -110,3 +112,14 @@ def splits_tied_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
 def is_tied_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:
     """True for the last stage's output layer when it copies the first stage's embedding."""
     return name == _OUTPUT and stage.last and splits_tied_embedding(dims, stage)
+
+
+def holds_mtp_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
+    """True for a last stage that is not also the first and holds MTP layers: it keeps its own
+    embedding for their next-token lookups."""
+    return dims.mtp_layers > 0 and stage.last and not stage.first
+
+
+def is_mtp_embedding_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:
+    """True for the last stage's embedding that only feeds the MTP layers."""
+    return name == _EMBEDDING and holds_mtp_embedding(dims, stage)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
@@ -24,7 +25,7 @@ from safetensors.torch import load_file
 
 from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
-from mtprun.models.pp_layout import PipelineStage, stage_tensors
+from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
 
 
 def transformer_config(dims: ModelDims, pp: int = 1) -> TransformerConfig:
@@ -129,7 +130,25 @@ class PolicyModel(GPTModel):
         self.mtp_layers = torch.nn.ModuleList(
             MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(mtp_layers)
         )
+        if holds_mtp_embedding(dims, stage):
+            self._add_mtp_embedding()
         check_native_mtp_loss_disabled(self)
+
+    def _add_mtp_embedding(self) -> None:
+        """The MTP layers' token embedding on a last stage that is not the first (see
+        pp_layout): a tied model's output layer, else a frozen copy that the trainer refreshes
+        from the first stage. The MTP lookups run without gradient either way."""
+        self.embedding = LanguageModelEmbedding(
+            config=self.config,
+            vocab_size=self.vocab_size,
+            max_sequence_length=self.max_sequence_length,
+            position_embedding_type="rope",
+            tp_group=self.pg_collection.tp,
+        )
+        if self.dims.tie_embeddings:
+            self.embedding.word_embeddings.weight = self.output_layer.weight
+        else:
+            self.embedding.requires_grad_(False)
 
     def output_weight(self) -> torch.Tensor:
         """The output layer's weight (last stage): this rank's vocab shard [V/tp, H]."""

@@ -82,11 +82,6 @@ class Trainer:
             parallel_state.get_pipeline_model_parallel_world_size(),
             self.dims.layers,
         )
-        if plan.mtp_depths and self.stage.size > 1:
-            raise ValueError(
-                "losses: mtp terms need the token embedding beside the MTP layers, and with "
-                f"parallel.pp={self.stage.size} they sit on different stages; set pp: 1"
-            )
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
         self.model = load_policy_model(Path(model_dir), self.dims, self.device, *tp, self.stage)
         distill = plan.term("distill")
@@ -142,6 +137,7 @@ class Trainer:
         lr = self.groups[0].lr
         clip = self.recipe.trainer.grad_clip
         norms = {g.name: g.step(clip, self._norm_scope) for g in self.groups}
+        self._refresh_mtp_embedding()
         self.step += 1
         summed = self._sum_over_data_parallel(list(sums.values()))
         metrics = dict(zip(sums, summed, strict=True))
@@ -261,6 +257,17 @@ class Trainer:
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+
+    @torch.no_grad()
+    def _refresh_mtp_embedding(self) -> None:
+        """An untied model split over stages keeps a frozen embedding copy beside its MTP
+        layers on the last stage: it takes the first stage's stepped embedding."""
+        if self.dims.tie_embeddings or not self.dims.mtp_layers or self.stage.size == 1:
+            return
+        if not (self.stage.first or self.stage.last):
+            return
+        weight = self.model.embedding.word_embeddings.weight
+        dist.broadcast(weight, group=parallel_state.get_embedding_group(), group_src=0)
 
     def _sum_data_parallel_grads(self) -> None:
         if self.dp_size == 1:

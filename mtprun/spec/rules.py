@@ -156,19 +156,6 @@ def _pp_splits_model(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("parallel", "losses")
-def _mtp_on_one_stage(r: Recipe) -> Iterator[Issue]:
-    if r.parallel.pp == 1:
-        return
-    for i, term in _terms(r):
-        if term.kind == "mtp":
-            yield Issue(
-                ("losses", i, "kind"),
-                f"an mtp term needs parallel.pp: 1 (it is {r.parallel.pp}): the MTP layers sit "
-                "on the last pipeline stage and read the token embedding, which the first holds",
-            )
-
-
 @rule("losses")
 def _some_weight_positive(r: Recipe) -> Iterator[Issue]:
     terms = [t for _, t in _terms(r)]

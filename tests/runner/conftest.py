@@ -54,6 +54,13 @@ def tiny_tied_dir(tmp_path_factory, tokenizer) -> Path:
     return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("tied"), seed=4)
 
 
+@pytest.fixture(scope="session")
+def tiny_tied_mimo_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-init MiMo folder with one MTP layer whose output layer is the embedding."""
+    spec = TinyModel(architecture="mimo", mtp_layers=1, tie_embeddings=True, **TINY)
+    return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("tied_mimo"), seed=5)
+
+
 def make_recipe(model_dir: Path, rl: bool = False, **sections: Any) -> Recipe:
     """An SFT recipe (rl: a GRPO recipe on the arithmetic task) on `model_dir`; keyword
     arguments replace whole sections."""

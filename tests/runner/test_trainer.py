@@ -318,8 +318,15 @@ def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("parallel", "model"),
-    [({"tp": 2}, "mimo"), ({"dp": 2}, "mimo"), ({"pp": 2}, "qwen2"), ({"pp": 2}, "tied")],
-    ids=["tp2", "dp2", "pp2", "pp2-tied"],
+    [
+        ({"tp": 2}, "mimo"),
+        ({"dp": 2}, "mimo"),
+        ({"pp": 2}, "qwen2"),
+        ({"pp": 2}, "tied"),
+        ({"pp": 2}, "mimo"),
+        ({"pp": 2}, "tied_mimo"),
+    ],
+    ids=["tp2", "dp2", "pp2", "pp2-tied", "pp2-mtp", "pp2-mtp-tied"],
 )
 def test_two_processes_train_exactly_like_one(
     megatron_tp1, tiny_qwen2_dir, tmp_path, request, parallel, model
