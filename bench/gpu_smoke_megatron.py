@@ -7,7 +7,7 @@ on random packed batches and reports the head-loss metrics, step time and peak m
 it exports the weights to HF format and checks the trainer's log-probs against transformers.
 The distill case also runs a frozen teacher of the same shape in every micro batch. With
 `--pp N` the trainer is split into N pipeline stages, one process and GPU each (NCCL), and the
-last stage reports (the mimo case is skipped: mtp terms need pp 1).
+last stage reports.
 
     python bench/gpu_smoke_megatron.py                # on the GPU machine
     python bench/gpu_smoke_megatron.py --pp 2         # two pipeline stages on two GPUs
@@ -178,8 +178,6 @@ def run_cases(size: tuple, device: str, dtype: str, steps: int, pp: int = 1) -> 
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
-            if pp > 1 and case.architecture == "mimo":
-                continue
             try:
                 results.append(run_case(case, size, device, dtype, steps, Path(tmp), pp))
             except Exception as error:  # report every case, even after one fails
