@@ -6,7 +6,9 @@ states for the fused head loss, which applies the output layer itself, so Megatr
 logits and loss are never computed; earlier stages run `stage_hidden`. Packed sequences:
 position ids restart at every sequence start and are used to index the rotary table, and
 attention is block-diagonal causal over `cu_seqlens` via an explicit boolean mask (True =
-masked), which the local spec's DotProductAttention applies as given.
+masked), which the local spec's core attention applies as given. Under context parallelism
+each process runs its share of the tokens and the core attention gathers the keys and values
+of the others (`context_parallel`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
-from megatron.core.transformer.spec_utils import build_module
+from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from safetensors.torch import load_file
 
 from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
+from mtprun.runner.context_parallel import ContextParallelAttention, TokenShard
 
 
 def transformer_config(dims: ModelDims, pp: int = 1) -> TransformerConfig:
@@ -81,8 +84,9 @@ class MiMoMTPLayer(torch.nn.Module):
         self.hidden_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
         # Replicated over TP ranks: its inputs and output gradients are identical on each.
         self.input_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-        self.decoder_layer = build_module(spec, config=config, layer_number=layer_number)
+        self.decoder_layer = build_module(
+            decoder_layer_spec(), config=config, layer_number=layer_number
+        )
         self.final_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
 
     def forward(
@@ -114,7 +118,7 @@ class PolicyModel(GPTModel):
         config = transformer_config(dims, stage.size)
         super().__init__(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=decoder_layer_spec(),
             vocab_size=dims.vocab,
             max_sequence_length=dims.max_seq_len,
             pre_process=stage.first,
@@ -157,12 +161,17 @@ class PolicyModel(GPTModel):
         return self.output_layer.weight
 
     def stage_hidden(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        shard: TokenShard | None = None,
     ) -> torch.Tensor:
-        """This stage's decoder layers over packed [T] inputs: [T, 1, H] pre-norm hidden
-        states. The first stage starts from the embedding, the others from the tensor the
-        pipeline schedule received (`set_input_tensor`)."""
-        hidden, _, _ = self._decoder(input_ids, position_ids, cu_seqlens)
+        """This stage's decoder layers over packed inputs: [T, 1, H] pre-norm hidden states.
+        The first stage starts from the embedding, the others from the tensor the pipeline
+        schedule received (`set_input_tensor`). Under context parallelism the inputs are
+        `shard`'s tokens of the row that `cu_seqlens` describes (None: all of them)."""
+        hidden, _, _ = self._decoder(input_ids, position_ids, cu_seqlens, shard)
         return hidden
 
     def hidden_states(
@@ -171,6 +180,7 @@ class PolicyModel(GPTModel):
         position_ids: torch.Tensor,
         cu_seqlens: torch.Tensor,
         targets: torch.Tensor | None = None,
+        shard: TokenShard | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Last stage: packed [T] inputs -> (final hidden [T, H], MTP hidden per head, each
         [T, H]).
@@ -178,17 +188,22 @@ class PolicyModel(GPTModel):
         MTP head k (1-based) at row t reads the trunk's pre-norm hidden at t (head 1) or head
         k-1's output, and the embedding of token t+k = targets[t+k-1]; both are detached, so
         a draft loss never reaches the trunk. Rows whose t+k leaves the sequence hold
-        garbage that the head loss masks out. The MTP heads run only when `targets` is given.
+        garbage that the head loss masks out. The MTP heads run only when `targets` is given
+        (never under context parallelism: row t+k may sit on another rank). `shard` as in
+        `stage_hidden`.
         """
-        hidden, mask, rope = self._decoder(input_ids, position_ids, cu_seqlens)
+        hidden, mask, rope = self._decoder(input_ids, position_ids, cu_seqlens, shard)
         final = self.decoder.final_layernorm(hidden)
         return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, mask, rope)
 
-    def _decoder(self, input_ids, position_ids, cu_seqlens):
-        num_tokens = input_ids.numel()
-        mask = packed_causal_mask(cu_seqlens, num_tokens, input_ids.device)
+    def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
+        shard = shard or TokenShard(0, 1, input_ids.numel())
+        mask = packed_causal_mask(cu_seqlens, shard, input_ids.device)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
-        rope = self.rotary_pos_emb(self.max_sequence_length).to(position_ids.device)[position_ids]
+        # packed_seq: rows are indexed by position id here, so Megatron must not cut the
+        # table for a context-parallel rank itself.
+        table = self.rotary_pos_emb(self.max_sequence_length, packed_seq=True)
+        rope = table.to(position_ids.device)[position_ids]
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
         else:
@@ -235,18 +250,29 @@ def check_native_mtp_loss_disabled(model: GPTModel) -> None:
         )
 
 
-def packed_causal_mask(cu_seqlens: torch.Tensor, num_tokens: int, device) -> torch.Tensor:
-    """[1, 1, T, T] bool, True where query i must not see key j: j > i or another sequence."""
+def packed_causal_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device) -> torch.Tensor:
+    """[1, 1, T_local, cp * width] bool, True where a local query must not see a gathered key
+    (`shard.key_positions()` order): a key after the query, in another sequence, or padding.
+    Without context parallelism that is [1, 1, T, T] over the row."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
     seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
-    if seq_id.numel() != num_tokens:
+    if seq_id.numel() != shard.num_tokens:
         raise ValueError(
-            f"cu_seqlens covers {seq_id.numel()} tokens but the batch has {num_tokens}; "
+            f"cu_seqlens covers {seq_id.numel()} tokens but the batch has {shard.num_tokens}; "
             "cu_seqlens[-1] must equal the number of packed tokens"
         )
-    pos = torch.arange(num_tokens, device=device)
-    visible = (seq_id[:, None] == seq_id[None, :]) & (pos[None, :] <= pos[:, None])
+    query = shard.index.to(device)
+    key = shard.key_positions().to(device)
+    same_sequence = seq_id[query][:, None] == seq_id[key.clamp(min=0)][None, :]
+    visible = same_sequence & (key[None, :] <= query[:, None]) & (key[None, :] >= 0)
     return (~visible)[None, None]
+
+
+def decoder_layer_spec() -> ModuleSpec:
+    """Megatron-core's local transformer layer, its core attention context-parallel."""
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
+    return spec
 
 
 def load_megatron_weights(model: PolicyModel, tensors: dict[str, torch.Tensor]) -> None:

@@ -60,6 +60,12 @@ def init_parallel(
     torch.manual_seed(seed)
 
 
+def data_parallel_replica(rank: int, parallel: Any) -> int:
+    """The data-parallel replica of trainer `rank`: Megatron-core orders ranks TP fastest,
+    then CP, then DP, then PP."""
+    return (rank // (parallel.tp * parallel.cp)) % parallel.dp
+
+
 def destroy_parallel() -> None:
     """Tear down Megatron's groups and the default process group (safe to call twice)."""
     from megatron.core import parallel_state

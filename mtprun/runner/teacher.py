@@ -13,6 +13,7 @@ import torch
 
 from mtprun.data.batch import PackedBatch
 from mtprun.models import ModelDims
+from mtprun.runner.context_parallel import TokenShard
 from mtprun.runner.megatron_model import load_policy_model
 
 
@@ -38,9 +39,13 @@ class Teacher:
         self.model.requires_grad_(False)
 
     @torch.no_grad()
-    def outputs(self, batch: PackedBatch) -> dict[str, torch.Tensor]:
-        """head_loss's teacher arguments for `batch`: teacher_hidden [T, Ht] (final hidden
-        states) and teacher_weight [V/tp, Ht] (this rank's shard of the output layer)."""
-        hidden, _ = self.model.hidden_states(batch.input_ids, batch.position_ids, batch.cu_seqlens)
+    def outputs(self, batch: PackedBatch, shard: TokenShard) -> dict[str, torch.Tensor]:
+        """head_loss's teacher arguments for `shard`'s tokens of `batch`: teacher_hidden
+        [T_local, Ht] (final hidden states) and teacher_weight [V/tp, Ht] (this rank's shard
+        of the output layer)."""
+        local = shard.take(batch)
+        hidden, _ = self.model.hidden_states(
+            local.input_ids, local.position_ids, batch.cu_seqlens, shard=shard
+        )
         weight = self.model.output_weight().to(hidden.dtype)
         return {"teacher_hidden": hidden, "teacher_weight": weight}

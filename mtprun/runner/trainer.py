@@ -5,10 +5,12 @@ One Trainer lives in each trainer process. With tensor parallelism each process 
 shards and the head loss runs vocab-parallel over the TP group; every process of a TP group
 gets the same micro batches. With pipeline parallelism each process holds one stage's layers,
 the micro batches flow through the stages on Megatron-core's 1F1B schedule and the last stage
-runs the head loss (and the teacher). Data-parallel replicas get different micro batches;
-each micro batch is weighted by its share of the step's trained tokens and replica gradients
-are summed, so a step over N replicas equals one process stepping over all of their micro
-batches.
+runs the head loss (and the teacher). With context parallelism each process of a group runs
+its share of every micro batch's tokens and attention gathers the others' keys and values.
+Data-parallel replicas get different micro batches. Each micro batch (each rank's share of
+it) is weighted by its share of the step's trained tokens and gradients are summed over
+replicas and context-parallel ranks, so the step equals one process stepping over all of
+the micro batches.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mtprun.models.pp_layout import (
     splits_tied_embedding,
 )
 from mtprun.models.tp_layout import gather_state_dict
+from mtprun.runner.context_parallel import TokenShard, gather_tokens
 from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
 from mtprun.runner.optim import NormScope, build_groups
 from mtprun.runner.parallel import init_parallel
@@ -59,12 +62,15 @@ class Trainer:
                 f"model.dtype: {recipe.model.dtype} trains under autocast, which Megatron-core "
                 "supports on CUDA devices only; use model.dtype: float32 on CPU"
             )
+        _check_context_parallel(plan, recipe.parallel.cp)
         _ensure_parallel(recipe)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_group = (
             parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
         )
         self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
         if plan.tp_size != self.tp_size:
             raise ValueError(
                 f"the HeadPlan was compiled for tp_size={plan.tp_size} but parallel.tp="
@@ -123,10 +129,15 @@ class Trainer:
         tokens, total = self._sum_over_data_parallel(
             [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
         )
+        # Each micro batch's loss is the token mean over this rank's share of its tokens,
+        # so it weighs by that share's trained tokens; the context-parallel ranks' shares
+        # add up to the micro batch. A micro batch without trained tokens teaches nothing;
+        # every rank skips it alike (shares of it may be empty on some ranks only).
         shares = [
-            (mb, count / total) for mb, count in zip(micro_batches, trained, strict=True) if count
+            (mb, int(mb.loss_mask[self._shard(mb).index].sum()) / total)
+            for mb, count in zip(micro_batches, trained, strict=True)
+            if count
         ]
-        # A micro batch without trained tokens teaches nothing; every rank skips it alike.
         reports = run_micro_batches(self.model, shares, self._train_micro_batch)
         sums = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
         for report in reports:
@@ -139,7 +150,7 @@ class Trainer:
         norms = {g.name: g.step(clip, self._norm_scope) for g in self.groups}
         self._refresh_mtp_embedding()
         self.step += 1
-        summed = self._sum_over_data_parallel(list(sums.values()))
+        summed = self._sum_over_data_parallel(list(sums.values()), with_context=True)
         metrics = dict(zip(sums, summed, strict=True))
         metrics["grad_norm"] = norms.pop("policy")
         metrics.update({f"{name}/grad_norm": norm for name, norm in norms.items()})
@@ -152,7 +163,12 @@ class Trainer:
         has them; the other stages return []."""
         self.model.eval()
         reports = run_micro_batches(self.model, batches, self._logprob_micro_batch, True)
-        return [report["logprobs"] for report in reports]
+        if not reports:
+            return []
+        return [
+            self._gather_row(report["logprobs"], self._shard(batch))
+            for batch, report in zip(batches, reports, strict=True)
+        ]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named tensors (gathered over TP and pipeline stages) for vLLM weight sync
@@ -210,18 +226,21 @@ class Trainer:
         return out.loss, {"logprobs": out.logprobs.float().cpu()}
 
     def _stage_forward(self, batch: PackedBatch, plan: HeadPlan) -> torch.Tensor | HeadLossOutput:
-        """This stage's layers; on the last stage, the fused head loss on their output."""
+        """This stage's layers on this rank's share of the tokens; on the last stage, the
+        fused head loss on their output."""
         from mtprun.kernels import head_loss
 
-        inputs = (batch.input_ids, batch.position_ids, batch.cu_seqlens)
+        shard = self._shard(batch)
+        row, batch = batch, shard.take(batch)
+        inputs = (batch.input_ids, batch.position_ids, row.cu_seqlens)
         teacher: dict[str, torch.Tensor] = {}
         with self._autocast():
             if not self.stage.last:
-                return self.model.stage_hidden(*inputs)
+                return self.model.stage_hidden(*inputs, shard=shard)
             targets = batch.targets if plan.mtp_depths else None
-            hidden, mtp_hidden = self.model.hidden_states(*inputs, targets=targets)
+            hidden, mtp_hidden = self.model.hidden_states(*inputs, targets=targets, shard=shard)
             if plan.term("distill") is not None:
-                teacher = self.teacher.outputs(batch)
+                teacher = self.teacher.outputs(row, shard)
         return head_loss(
             hidden,
             self.model.output_weight().to(hidden.dtype),
@@ -270,29 +289,74 @@ class Trainer:
         dist.broadcast(weight, group=parallel_state.get_embedding_group(), group_src=0)
 
     def _sum_data_parallel_grads(self) -> None:
-        if self.dp_size == 1:
+        """Replicas and context-parallel ranks each hold part of the step's gradient."""
+        if self.dp_size * self.cp_size == 1:
             return
-        group = parallel_state.get_data_parallel_group()
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True)
         for p in self.model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad, group=group)
 
-    def _sum_over_data_parallel(self, values: list[Any]) -> list[Any]:
-        """Element-wise sum over data-parallel replicas (ints stay ints)."""
-        if self.dp_size == 1:
+    def _sum_over_data_parallel(self, values: list[Any], with_context: bool = False) -> list[Any]:
+        """Element-wise sum over data-parallel replicas, and over context-parallel ranks too
+        when `with_context` (for values of each rank's share of the tokens); ints stay ints."""
+        if self.dp_size * (self.cp_size if with_context else 1) == 1:
             return values
         dtype = torch.int64 if all(isinstance(v, int) for v in values) else torch.float64
         summed = torch.tensor(values, dtype=dtype, device=self.device)  # NCCL: device tensors
-        dist.all_reduce(summed, group=parallel_state.get_data_parallel_group())
+        group = parallel_state.get_data_parallel_group(with_context_parallel=with_context)
+        dist.all_reduce(summed, group=group)
         return summed.tolist()
+
+    def _shard(self, batch: PackedBatch) -> TokenShard:
+        return TokenShard(self.cp_rank, self.cp_size, batch.num_tokens)
+
+    def _gather_row(self, local: torch.Tensor, shard: TokenShard) -> torch.Tensor:
+        """[T_local] values of this rank's tokens -> [T] of the whole row (context-parallel
+        ranks all call it)."""
+        if self.cp_size == 1:
+            return local
+        group = parallel_state.get_context_parallel_group()
+        gathered = gather_tokens(local.to(self.device), shard.width, group).cpu()
+        keys = shard.key_positions()
+        row = torch.empty(shard.num_tokens, dtype=local.dtype)
+        row[keys[keys >= 0]] = gathered[keys >= 0]
+        return row
+
+
+def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
+    """Under context parallelism a rank holds pieces of sequences: what needs whole ones is
+    refused (the recipe rules say the same)."""
+    if cp == 1:
+        return
+    if plan.mtp_depths:
+        raise ValueError(
+            f"losses: mtp terms need parallel.cp: 1 (it is {cp}): a draft row t is taught by "
+            "the policy's row t+k, which may sit on another context-parallel rank"
+        )
+    for term in plan.terms:
+        if term.loss_agg != "token-mean":
+            raise ValueError(
+                f"losses: the {term.kind} term's loss_agg {term.loss_agg!r} needs whole "
+                f"sequences and parallel.cp={cp} splits them; use loss_agg: token-mean"
+            )
 
 
 def _ensure_parallel(recipe: Recipe) -> None:
-    if recipe.parallel.cp > 1:
-        raise NotImplementedError(
-            "parallel: the trainer splits models with tp, pp and dp only; set cp: 1"
-        )
+    """Initialise a single-process layout, or check that the initialised one is the recipe's."""
     if parallel_state.model_parallel_is_initialized():
+        sizes = {
+            "tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+            "cp": parallel_state.get_context_parallel_world_size(),
+            "dp": parallel_state.get_data_parallel_world_size(),
+        }
+        asked = {name: getattr(recipe.parallel, name) for name in sizes}
+        if asked != sizes:
+            raise ValueError(
+                f"parallel: the recipe asks for {asked} but this process group was initialised "
+                f"with {sizes}; pass the recipe's parallel section to init_parallel"
+            )
         return
     if recipe.parallel.world_size != 1:
         raise RuntimeError(

@@ -9,17 +9,18 @@ from typing import Any
 import ray
 
 from mtprun.runner.actors import TrainerWorker, stop_actors, torch_threads
+from mtprun.runner.parallel import data_parallel_replica
 
 
 class TrainerGroup:
-    """actors[r] is trainer rank r; Megatron orders ranks TP-fastest, then DP, then PP, so
-    rank r belongs to data-parallel replica (r // tp) % dp and the last ranks to the last
-    pipeline stage."""
+    """actors[r] is trainer rank r, of data-parallel replica `data_parallel_replica(r)`; the
+    ranks of one replica get the same micro batches. The last ranks hold the last pipeline
+    stage."""
 
     def __init__(self, actors: list[Any], parallel: Any, seed: int) -> None:
         self.actors = actors
         self.dp = parallel.dp
-        self.replica = [(rank // parallel.tp) % parallel.dp for rank in range(len(actors))]
+        self.replica = [data_parallel_replica(rank, parallel) for rank in range(len(actors))]
         address = ray.get(actors[0].rendezvous_address.remote())
         self.pids = ray.get([a.setup.remote(parallel, seed, *address) for a in actors])
 

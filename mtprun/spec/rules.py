@@ -130,17 +130,25 @@ def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
             )
 
 
-@rule("parallel")
-def _runner_supports_it(r: Recipe) -> Iterator[Issue]:
-    # What `mtprun run`'s trainer refuses today (mtprun/runner/trainer.py); the language keeps
-    # it for the library and larger runners, so this is a warning. Drop it when supported.
-    if r.parallel.cp > 1:
-        yield Issue(
-            ("parallel", "cp"),
-            "`mtprun run` splits the trainer with tp, pp and dp only and stops at start with "
-            "cp > 1",
-            "warning",
-        )
+@rule("parallel", "losses")
+def _cp_keeps_token_terms(r: Recipe) -> Iterator[Issue]:
+    # A context-parallel rank holds pieces of sequences (see mtprun/runner/context_parallel.py).
+    cp = r.parallel.cp
+    if cp == 1:
+        return
+    for i, term in _terms(r):
+        if term.kind == "mtp":
+            yield Issue(
+                ("losses", i, "kind"),
+                f"an mtp term needs parallel.cp: 1 (it is {cp}): a draft row t is taught by the "
+                "policy's row t+k, which may sit on another context-parallel rank",
+            )
+        elif term.loss_agg != "token-mean":
+            yield Issue(
+                ("losses", i, "loss_agg"),
+                f"loss_agg {term.loss_agg} needs whole sequences and parallel.cp {cp} splits "
+                "them over ranks; use loss_agg: token-mean",
+            )
 
 
 @rule("parallel", "model")
@@ -296,28 +304,6 @@ def _world_size_matches(r: Recipe) -> Iterator[Issue]:
             ("resources", "world_size"),
             f"world_size {world} != tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp} = {p.world_size}",
         )
-
-
-@rule("parallel", "data", "warmstart", "trainer")
-def _cp_splits_sequences(r: Recipe) -> Iterator[Issue]:
-    # Context parallelism gives each rank two chunks (one early, one late) for load balance.
-    cp = r.parallel.cp
-    if cp == 1:
-        return
-    lengths: list[tuple[KeyPath, int]] = [
-        (("trainer", "micro_batch_tokens"), r.trainer.micro_batch_tokens)
-    ]
-    if r.data is not None:
-        lengths.append((("data", "packing_length"), r.data.packing_length))
-    if r.warmstart is not None:
-        lengths.append((("warmstart", "data", "packing_length"), r.warmstart.data.packing_length))
-    for path, length in lengths:
-        if length % (2 * cp):
-            yield Issue(
-                path,
-                f"{length} is not divisible by 2*cp = {2 * cp} (context parallelism splits "
-                "each row into 2*cp chunks)",
-            )
 
 
 @rule("mask", "data", "warmstart", "model")

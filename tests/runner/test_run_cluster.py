@@ -1,6 +1,7 @@
 """An SFT run joining a separately started Ray head on loopback (`ray start --head`) through
-`--ray-address`, as on a cluster, with its trainer split into two pipeline stages (one Ray
-actor each); its metrics read back through the MLflow client."""
+`--ray-address`, as on a cluster, with its trainer split into two pipeline stages of two
+context-parallel ranks each (one Ray actor per rank); its metrics read back through the MLflow
+client."""
 
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ def test_pipelined_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
             "model": {"tiny": E2E_TINY},
             "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 256},
             "losses": [{"kind": "ce"}, {"kind": "z_loss"}],
-            "parallel": {"pp": 2},
+            "parallel": {"pp": 2, "cp": 2},
+            "resources": {"cpus_per_actor": 0.5},  # four trainer ranks on the head's 2 CPUs
             "trainer": {
                 "lr": 3e-3,
                 "steps": STEPS,

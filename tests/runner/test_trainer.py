@@ -243,10 +243,14 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
         Trainer(recipe, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "ce"}], tp_size=2), "cpu")
     with pytest.raises(ValueError, match="MTP layers"):
         Trainer(recipe, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "mtp"}]), "cpu")
-    with pytest.raises(NotImplementedError, match="cp: 1"):
-        Trainer(
-            make_recipe(tiny_qwen2_dir, parallel={"cp": 2}), tiny_qwen2_dir, trainer.plan, "cpu"
-        )
+    context = make_recipe(tiny_qwen2_dir, parallel={"cp": 2})
+    with pytest.raises(ValueError, match=r"asks for \{'tp': 1, 'pp': 1, 'cp': 2, 'dp': 1\}"):
+        Trainer(context, tiny_qwen2_dir, trainer.plan, "cpu")
+    with pytest.raises(ValueError, match=r"mtp terms need parallel\.cp: 1"):
+        Trainer(context, tiny_qwen2_dir, HeadPlan.from_losses([{"kind": "mtp"}]), "cpu")
+    whole = HeadPlan.from_losses([{"kind": "ce", "loss_agg": "seq-mean-token-mean"}])
+    with pytest.raises(ValueError, match="'seq-mean-token-mean' needs whole sequences"):
+        Trainer(context, tiny_qwen2_dir, whole, "cpu")
     bf16 = make_recipe(tiny_qwen2_dir, model={"path": str(tiny_qwen2_dir), "dtype": "bfloat16"})
     with pytest.raises(ValueError, match="float32 on CPU"):
         Trainer(bf16, tiny_qwen2_dir, trainer.plan, "cpu")
@@ -325,8 +329,9 @@ def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
         ({"pp": 2}, "tied"),
         ({"pp": 2}, "mimo"),
         ({"pp": 2}, "tied_mimo"),
+        ({"cp": 2}, "qwen2"),
     ],
-    ids=["tp2", "dp2", "pp2", "pp2-tied", "pp2-mtp", "pp2-mtp-tied"],
+    ids=["tp2", "dp2", "pp2", "pp2-tied", "pp2-mtp", "pp2-mtp-tied", "cp2"],
 )
 def test_two_processes_train_exactly_like_one(
     megatron_tp1, tiny_qwen2_dir, tmp_path, request, parallel, model

@@ -57,11 +57,19 @@ CASES = {
         SFT + "losses:\n  - {kind: ce, weight: 0}\n  - {kind: entropy}\n",
         ["8:1: every loss term has weight 0 (coef for entropy): nothing trains"],
     ),
-    "context parallel is not run yet (warning)": (
-        SFT + "parallel: {cp: 2}\n",
+    "sequence-level aggregation under context parallelism": (
+        RL.replace("[{kind: grpo}]", "[{kind: grpo, loss_agg: seq-mean-token-mean}]")
+        + "parallel: {cp: 2}\n",
         [
-            "8:16: warning: `mtprun run` splits the trainer with tp, pp and dp only and stops "
-            "at start with cp > 1"
+            "8:33: loss_agg seq-mean-token-mean needs whole sequences and parallel.cp 2 splits "
+            "them over ranks; use loss_agg: token-mean"
+        ],
+    ),
+    "mtp under context parallelism": (
+        MIMO + "parallel: {cp: 2}\nlosses:\n  - kind: ce\n  - kind: mtp\n",
+        [
+            "13:11: an mtp term needs parallel.cp: 1 (it is 2): a draft row t is taught by the "
+            "policy's row t+k, which may sit on another context-parallel rank"
         ],
     ),
     "pp that does not divide the layers": (
@@ -146,17 +154,6 @@ CASES = {
         SFT + "parallel: {tp: 1, dp: 2}\nresources: {world_size: 3}\n",
         ["9:25: world_size 3 != tp*pp*cp*dp = 1*1*1*2 = 2"],
     ),
-    "context parallel chunks": (
-        TINY
-        + "data: {source: arithmetic, packing_length: 510}\nparallel: {cp: 2}\n"
-        + "trainer: {micro_batch_tokens: 1000}\n",
-        [
-            "7:44: 510 is not divisible by 2*cp = 4 (context parallelism splits each row "
-            "into 2*cp chunks)",
-            "8:16: warning: `mtprun run` splits the trainer with tp, pp and dp only and stops "
-            "at start with cp > 1",
-        ],
-    ),
     "rollout response longer than the model's positions": (
         RL + "rollout: {max_tokens: 512}\n",
         [
@@ -192,6 +189,11 @@ def test_rule_is_reported_at_the_offending_value(write_recipe, located, case: st
 
 def test_mtp_terms_validate_under_pipeline_parallelism(write_recipe, located) -> None:
     path = write_recipe(MIMO + "parallel: {pp: 2}\nlosses:\n  - kind: ce\n  - kind: mtp\n")
+    assert located(path) == []
+
+
+def test_token_mean_terms_validate_under_context_parallelism(write_recipe, located) -> None:
+    path = write_recipe(RL + "parallel: {cp: 2}\n")
     assert located(path) == []
 
 

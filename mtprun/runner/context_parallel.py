@@ -1,0 +1,134 @@
+"""Context parallelism: each of the cp processes of a context-parallel group holds a share of
+every micro batch's tokens, and attention gathers the keys and values of all of them.
+
+The packed row of T tokens is cut into 2*cp near-equal chunks and rank r holds chunks r and
+2*cp-1-r, one early and one late, so that every rank's queries see about as many causal keys.
+Everything but attention works token by token on the local share; attention all-gathers every
+rank's keys and values (each rank's padded to the same width) and masks with the packed
+causal mask between the local queries' and the gathered keys' positions in the row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+from mtprun.data.batch import PackedBatch
+
+_PER_TOKEN = ("input_ids", "targets", "loss_mask", "position_ids")
+_PER_TARGET = ("advantages", "old_logprobs", "ref_logprobs")
+
+
+@dataclass(frozen=True)
+class TokenShard:
+    """The tokens of a packed row of `num_tokens` that context-parallel rank `rank` of `size`
+    holds (size 1: all of them)."""
+
+    rank: int
+    size: int
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"context-parallel rank {self.rank} is outside 0..{self.size - 1}")
+        if self.num_tokens < 2 * self.size:
+            raise ValueError(
+                f"a micro batch of {self.num_tokens} tokens is too short for parallel.cp="
+                f"{self.size}: each rank needs two chunks of at least one token"
+            )
+
+    @cached_property
+    def index(self) -> torch.Tensor:
+        """[T_local] positions in the row of this rank's tokens, ascending."""
+        return self._positions(self.rank)
+
+    @cached_property
+    def width(self) -> int:
+        """The most tokens any rank holds: every rank's keys are padded to it for the gather."""
+        return max(len(self._positions(r)) for r in range(self.size))
+
+    def key_positions(self) -> torch.Tensor:
+        """[size * width] row position of each gathered key, rank by rank, -1 for padding."""
+        keys = torch.full((self.size, self.width), -1, dtype=torch.long)
+        for r in range(self.size):
+            positions = self._positions(r)
+            keys[r, : len(positions)] = positions
+        return keys.flatten()
+
+    def take(self, batch: PackedBatch) -> PackedBatch:
+        """This rank's tokens of `batch`. Their cu_seqlens is one span: sequences cross ranks,
+        so only token-level reductions are meaningful on a share (the trainer refuses the
+        others under cp > 1)."""
+        if self.size == 1:
+            return batch
+        index = self.index.to(batch.input_ids.device)
+        local: dict[str, Any] = {name: getattr(batch, name)[index] for name in _PER_TOKEN}
+        for name in _PER_TARGET:
+            value = getattr(batch, name)
+            local[name] = None if value is None else value[index]
+        span = torch.tensor([0, len(index)], dtype=batch.cu_seqlens.dtype)
+        return replace(batch, **local, cu_seqlens=span.to(batch.cu_seqlens.device))
+
+    def _positions(self, rank: int) -> torch.Tensor:
+        chunks = 2 * self.size
+        edges = [i * self.num_tokens // chunks for i in range(chunks + 1)]
+        early, late = rank, chunks - 1 - rank
+        return torch.cat(
+            [
+                torch.arange(edges[early], edges[early + 1]),
+                torch.arange(edges[late], edges[late + 1]),
+            ]
+        )
+
+
+def gather_tokens(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """[T_local, ...] on each rank of `group` -> [size * width, ...]: every rank's rows, each
+    padded with zeros to `width`, rank by rank. One all_gather; no gradient."""
+    padded = local.new_zeros((width, *local.shape[1:]))
+    padded[: local.shape[0]] = local
+    out = local.new_empty((dist.get_world_size(group) * width, *local.shape[1:]))
+    dist.all_gather(list(out.chunk(dist.get_world_size(group))), padded, group=group)
+    return out
+
+
+class _GatherKeys(torch.autograd.Function):
+    """Keys or values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank.
+
+    Forward: one all_gather over the context-parallel group (rows padded to `width`).
+    Backward: one all_reduce of the gathered gradient over the group (each rank's queries
+    contribute to every rank's keys), after which each rank keeps its own rows.
+    """
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group, ctx.rows, ctx.width = group, local.shape[0], width
+        return gather_tokens(local.contiguous(), width, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        start = dist.get_rank(ctx.group) * ctx.width
+        return grad[start : start + ctx.rows], None, None
+
+
+class ContextParallelAttention(DotProductAttention):
+    """Megatron-core's local core attention, with the keys and values of every rank of the
+    context-parallel group. The attention mask [1, 1, T_local, cp * width] says which gathered
+    key each local query sees (`packed_causal_mask`); without context parallelism it is the
+    plain local attention."""
+
+    def forward(self, query, key, value, attention_mask, *args: Any, **kwargs: Any):
+        cp = parallel_state.get_context_parallel_world_size()
+        if cp > 1:
+            group = parallel_state.get_context_parallel_group()
+            width = attention_mask.shape[-1] // cp
+            key = _GatherKeys.apply(key, width, group)
+            value = _GatherKeys.apply(value, width, group)
+        return super().forward(query, key, value, attention_mask, *args, **kwargs)
