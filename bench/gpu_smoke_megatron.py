@@ -6,11 +6,13 @@ each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.tr
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
 it exports the weights to HF format and checks the trainer's log-probs against transformers.
 The distill case also runs a frozen teacher of the same shape in every micro batch. With
-`--pp N` the trainer is split into N pipeline stages, one process and GPU each (NCCL), and the
-last stage reports.
+`--pp N` the trainer is split into N pipeline stages, with `--cp N` every micro batch's tokens
+over N context-parallel ranks; one process and GPU per rank (NCCL), and the last rank reports
+(under cp the mimo case is skipped: mtp terms need cp 1).
 
     python bench/gpu_smoke_megatron.py                # on the GPU machine
     python bench/gpu_smoke_megatron.py --pp 2         # two pipeline stages on two GPUs
+    python bench/gpu_smoke_megatron.py --cp 2         # two context-parallel ranks on two GPUs
     python bench/gpu_smoke_megatron.py --cpu-dry-run  # tiny sizes on CPU, checks the script
 """
 
@@ -108,7 +110,7 @@ def hf_logprob_gap(trainer: Trainer, batch: PackedBatch, folder: Path, device: s
 
 
 def run_case(
-    case: Case, size: tuple, device: str, dtype: str, steps: int, work: Path, pp: int = 1
+    case: Case, size: tuple, device: str, dtype: str, steps: int, work: Path, layout: dict
 ) -> dict:
     hidden, layers, heads, kv_heads, inter, vocab, tokens, micro = size
     spec = TinyModel(
@@ -130,7 +132,7 @@ def run_case(
             **source,
             "losses": losses,
             "trainer": {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": tokens},
-            "parallel": {"pp": pp},
+            "parallel": layout,
         }
     )
     trainer = Trainer(recipe, folder, compile_recipe(recipe), device)
@@ -174,12 +176,17 @@ def _with_teacher(term: dict, spec: TinyModel, work: Path) -> dict:
     return {**term, "teacher": str(teacher), "temperature": 2.0}
 
 
-def run_cases(size: tuple, device: str, dtype: str, steps: int, pp: int = 1) -> list[dict]:
+def run_cases(
+    size: tuple, device: str, dtype: str, steps: int, layout: dict | None = None
+) -> list[dict]:
+    layout = layout or {}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
             try:
-                results.append(run_case(case, size, device, dtype, steps, Path(tmp), pp))
+                if layout.get("cp", 1) > 1 and case.architecture == "mimo":
+                    continue
+                results.append(run_case(case, size, device, dtype, steps, Path(tmp), layout))
             except Exception as error:  # report every case, even after one fails
                 traceback.print_exc()
                 results.append({"case": case.name, "error": f"{type(error).__name__}: {error}"})
@@ -187,27 +194,32 @@ def run_cases(size: tuple, device: str, dtype: str, steps: int, pp: int = 1) -> 
     return results
 
 
-def _stage_process(rank: int, pp: int, port: int, steps: int, out: Path) -> None:
-    """Pipeline stage `rank` of `pp` on GPU `rank`; the last stage writes the results."""
+def _rank_process(rank: int, layout: dict, port: int, steps: int, out: Path) -> None:
+    """Trainer rank `rank` of the `layout` on GPU `rank`; the last rank writes the results."""
     from mtprun.runner.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 
-    init_parallel(ParallelSection(pp=pp), rank, pp, "127.0.0.1", port)
-    results = run_cases(GPU_SIZE, "cuda", "bfloat16", steps, pp)
-    if rank == pp - 1:
+    parallel = ParallelSection(**layout)
+    init_parallel(parallel, rank, parallel.world_size, "127.0.0.1", port)
+    results = run_cases(GPU_SIZE, "cuda", "bfloat16", steps, layout)
+    if rank == parallel.world_size - 1:
         out.write_text(json.dumps(results))
     destroy_parallel()
 
 
-def run_pipelined(pp: int, steps: int) -> list[dict]:
-    if torch.cuda.device_count() < pp:
-        raise SystemExit(f"--pp {pp} needs {pp} GPUs, this machine has {torch.cuda.device_count()}")
+def run_spread(layout: dict, steps: int) -> list[dict]:
+    """The cases on one process and GPU per rank of `layout` (pp, cp)."""
+    world = layout["pp"] * layout["cp"]
+    if torch.cuda.device_count() < world:
+        found = torch.cuda.device_count()
+        raise SystemExit(f"{layout} needs {world} GPUs, this machine has {found}")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
-        mp.start_processes(_stage_process, (pp, port, steps, out), nprocs=pp, start_method="spawn")
+        args = (layout, port, steps, out)
+        mp.start_processes(_rank_process, args, nprocs=world, start_method="spawn")
         return json.loads(out.read_text())
 
 
@@ -216,6 +228,7 @@ def main() -> None:
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny sizes on CPU")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pp", type=int, default=1, help="pipeline stages, one GPU each")
+    parser.add_argument("--cp", type=int, default=1, help="context-parallel ranks, one GPU each")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     device = "cpu" if args.cpu_dry_run else "cuda"
@@ -226,8 +239,8 @@ def main() -> None:
     import megatron.core
 
     print(f"megatron-core {megatron.core.__version__}")
-    if args.pp > 1:
-        results = run_pipelined(args.pp, args.steps)
+    if args.pp * args.cp > 1:
+        results = run_spread({"pp": args.pp, "cp": args.cp}, args.steps)
     elif args.cpu_dry_run:
         results = run_cases(CPU_SIZE, device, "float32", args.steps)
     else:
