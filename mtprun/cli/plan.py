@@ -65,16 +65,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | str:
-    """The head-loss cost of one micro batch, or why it cannot be estimated."""
+    """The head-loss cost of one micro batch on one rank, or why it cannot be estimated."""
     from mtprun.compiler.estimate import estimate_head_cost
 
     shape = tuple(head) if head else _head_shape(recipe)
     if isinstance(shape, str):
         return shape
     hidden, vocab = shape
+    # A context-parallel rank holds two of the micro batch's 2*cp chunks.
+    chunks = 2 * recipe.parallel.cp
     return estimate_head_cost(
         plan,
-        rows=recipe.trainer.micro_batch_tokens,
+        rows=2 * -(-recipe.trainer.micro_batch_tokens // chunks),
         hidden=hidden,
         vocab=vocab,
         param_bytes=2 if recipe.model.dtype == "bfloat16" else 4,

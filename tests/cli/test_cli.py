@@ -140,6 +140,14 @@ def test_plan_without_the_model_folder_takes_the_head_shape(capsys, monkeypatch)
     assert f"fused {fused:.2f} MiB, unfused {unfused:.2f} MiB" in out
 
 
+def test_plan_counts_the_rows_of_one_context_parallel_rank(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    recipe_path = str(REPO / "recipes" / "megatron-tp2.yaml")  # 16384-token micro batches
+    layout = ["parallel.cp=2", "resources.world_size=8"]
+    assert main(["plan", recipe_path, *layout, "--head", "64", "1001"]) == 0
+    assert "8192 rows x hidden 64" in " ".join(capsys.readouterr().out.split())
+
+
 def test_schema_written_with_o_is_the_recipe_schema(tmp_path: Path) -> None:
     target = tmp_path / "schema.json"
     assert main(["schema", "-o", str(target)]) == 0
