@@ -98,7 +98,7 @@ def gather_tokens(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> 
 
 
 class _GatherKeys(torch.autograd.Function):
-    """Keys or values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank.
+    """Keys and values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank.
 
     Forward: one all_gather over the context-parallel group (rows padded to `width`).
     Backward: one all_reduce of the gathered gradient over the group (each rank's queries
@@ -129,6 +129,7 @@ class ContextParallelAttention(DotProductAttention):
         if cp > 1:
             group = parallel_state.get_context_parallel_group()
             width = attention_mask.shape[-1] // cp
-            key = _GatherKeys.apply(key, width, group)
-            value = _GatherKeys.apply(value, width, group)
+            # One collective for both: keys and values side by side along the head dim.
+            both = _GatherKeys.apply(torch.cat([key, value], dim=-1), width, group)
+            key, value = (t.contiguous() for t in both.split([key.shape[-1], value.shape[-1]], -1))
         return super().forward(query, key, value, attention_mask, *args, **kwargs)
