@@ -16,6 +16,7 @@ from mtprun.models import build_tiny_model
 from mtprun.runner.optim import lr_factor
 from mtprun.runner.trainer import Trainer
 from mtprun.spec.model import TinyModel
+from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.trainer import TrainerSection
 
 from .conftest import TINY, free_port, make_recipe, random_packed_batch
@@ -307,11 +308,10 @@ def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
 
 def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
     from mtprun.runner.parallel import destroy_parallel, init_parallel
-    from mtprun.spec.parallel import ParallelSection
 
     layout = ParallelSection(**parallel)
     init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-    # Data-parallel replicas split the step's micro batches; TP ranks and stages share them.
+    # Data-parallel replicas split the step's micro batches; TP, CP ranks and stages share them.
     batch_ids = [rank] if layout.dp == 2 else [0, 1]
     result = _train_two_steps(model_dir, teacher_dir, parallel, batch_ids)
     if rank == layout.world_size - 1:  # on the last stage, where losses are computed
@@ -330,16 +330,29 @@ def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
         ({"pp": 2}, "mimo"),
         ({"pp": 2}, "tied_mimo"),
         ({"cp": 2}, "qwen2"),
+        ({"tp": 2, "cp": 2}, "qwen2"),
+        ({"pp": 2, "cp": 2}, "tied"),
     ],
-    ids=["tp2", "dp2", "pp2", "pp2-tied", "pp2-mtp", "pp2-mtp-tied", "cp2"],
+    ids=[
+        "tp2",
+        "dp2",
+        "pp2",
+        "pp2-tied",
+        "pp2-mtp",
+        "pp2-mtp-tied",
+        "cp2",
+        "tp2-cp2",
+        "pp2-cp2-tied",
+    ],
 )
-def test_two_processes_train_exactly_like_one(
+def test_parallel_layouts_train_exactly_like_one_process(
     megatron_tp1, tiny_qwen2_dir, tmp_path, request, parallel, model
 ):
     model_dir = request.getfixturevalue(f"tiny_{model}_dir")
     teacher = tiny_qwen2_dir  # same tokenizer; under TP it is split like the student
     args = (parallel, free_port(), model_dir, teacher, tmp_path / "two.pt")
-    mp.start_processes(_parallel_process, args=args, nprocs=2, start_method="spawn")
+    world = ParallelSection(**parallel).world_size
+    mp.start_processes(_parallel_process, args=args, nprocs=world, start_method="spawn")
     two = torch.load(tmp_path / "two.pt")
     one = _train_two_steps(model_dir, teacher, {}, [0, 1])
     assert two["decoder_layers"] == one["decoder_layers"] // parallel.get("pp", 1)
