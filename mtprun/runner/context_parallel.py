@@ -101,8 +101,9 @@ class _GatherKeys(torch.autograd.Function):
     """Keys and values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank.
 
     Forward: one all_gather over the context-parallel group (rows padded to `width`).
-    Backward: one all_reduce of the gathered gradient over the group (each rank's queries
-    contribute to every rank's keys), after which each rank keeps its own rows.
+    Backward: every rank's queries contribute to every rank's keys, so the gathered gradient
+    is summed over the group: one reduce_scatter on NCCL, one all_reduce on gloo (which has no
+    reduce_scatter), after which each rank keeps its own rows.
     """
 
     @staticmethod
@@ -112,10 +113,16 @@ class _GatherKeys(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        start = dist.get_rank(ctx.group) * ctx.width
-        return grad[start : start + ctx.rows], None, None
+        grad = grad.contiguous()
+        if dist.get_backend(ctx.group) == "nccl":
+            mine = grad.new_empty((ctx.width, *grad.shape[1:]))
+            dist.reduce_scatter_tensor(mine, grad, group=ctx.group)
+        else:
+            grad = grad.clone()
+            dist.all_reduce(grad, group=ctx.group)
+            start = dist.get_rank(ctx.group) * ctx.width
+            mine = grad[start : start + ctx.width]
+        return mine[: ctx.rows], None, None
 
 
 class ContextParallelAttention(DotProductAttention):
