@@ -91,7 +91,8 @@ def stage_tensors(
 def global_tensors(
     local: Mapping[str, torch.Tensor], dims: ModelDims, stage: PipelineStage
 ) -> dict[str, torch.Tensor]:
-    """This stage's tensors under whole-model names; the tied output copy is left out."""
+    """This stage's tensors under whole-model names; copies of another stage's tensors (a
+    tied output layer, the MTP layers' embedding) are left out."""
     out = {}
     for name, tensor in local.items():
         layer = _LAYER.match(name)
@@ -118,6 +119,13 @@ def holds_mtp_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
     """True for a last stage that is not also the first and holds MTP layers: it keeps its own
     embedding for their next-token lookups."""
     return dims.mtp_layers > 0 and stage.last and not stage.first
+
+
+def copies_mtp_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
+    """True when an untied model with MTP layers is split over stages: the last stage's
+    embedding is a frozen copy of the first's, which the trainer refreshes after every step
+    (a tied model's last stage uses its output layer, kept equal by summed gradients)."""
+    return dims.mtp_layers > 0 and stage.size > 1 and not dims.tie_embeddings
 
 
 def is_mtp_embedding_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:

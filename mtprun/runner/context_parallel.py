@@ -97,6 +97,17 @@ def gather_tokens(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> 
     return out
 
 
+def gather_row(local: torch.Tensor, shard: TokenShard, group: dist.ProcessGroup) -> torch.Tensor:
+    """[T_local] values of `shard`'s tokens on each rank of `group` -> [T] of the whole row,
+    on the CPU. One all_gather (device tensors under NCCL)."""
+    gathered = gather_tokens(local, shard.width, group).cpu()
+    keys = shard.key_positions()
+    held = keys >= 0
+    row = torch.empty(shard.num_tokens, dtype=local.dtype)
+    row[keys[held]] = gathered[held]
+    return row
+
+
 class _GatherKeys(torch.autograd.Function):
     """Keys and values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank.
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from mtprun.data.batch import PackedBatch
 from mtprun.models import ModelDims
 from mtprun.runner.context_parallel import TokenShard
 from mtprun.runner.megatron_model import load_policy_model
@@ -39,13 +38,16 @@ class Teacher:
         self.model.requires_grad_(False)
 
     @torch.no_grad()
-    def outputs(self, batch: PackedBatch, shard: TokenShard) -> dict[str, torch.Tensor]:
-        """head_loss's teacher arguments for `shard`'s tokens of `batch`: teacher_hidden
-        [T_local, Ht] (final hidden states) and teacher_weight [V/tp, Ht] (this rank's shard
-        of the output layer)."""
-        local = shard.take(batch)
-        hidden, _ = self.model.hidden_states(
-            local.input_ids, local.position_ids, batch.cu_seqlens, shard=shard
-        )
+    def outputs(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        shard: TokenShard | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """head_loss's teacher arguments for the policy's inputs (`PolicyModel.hidden_states`'
+        first arguments): teacher_hidden [T_local, Ht] (final hidden states) and
+        teacher_weight [V/tp, Ht] (this rank's shard of the output layer)."""
+        hidden, _ = self.model.hidden_states(input_ids, position_ids, cu_seqlens, shard=shard)
         weight = self.model.output_weight().to(hidden.dtype)
         return {"teacher_hidden": hidden, "teacher_weight": weight}

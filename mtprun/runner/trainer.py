@@ -30,12 +30,13 @@ from mtprun.kernels.output import HeadLossOutput
 from mtprun.models import ModelDims, megatron_to_hf
 from mtprun.models.pp_layout import (
     PipelineStage,
+    copies_mtp_embedding,
     global_tensors,
     is_tied_copy,
     splits_tied_embedding,
 )
 from mtprun.models.tp_layout import gather_state_dict
-from mtprun.runner.context_parallel import TokenShard, gather_tokens
+from mtprun.runner.context_parallel import TokenShard, gather_row
 from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
 from mtprun.runner.optim import NormScope, build_groups
 from mtprun.runner.parallel import init_parallel
@@ -231,27 +232,28 @@ class Trainer:
         from mtprun.kernels import head_loss
 
         shard = self._shard(batch)
-        row, batch = batch, shard.take(batch)
-        inputs = (batch.input_ids, batch.position_ids, row.cu_seqlens)
+        local = shard.take(batch)
+        # The attention mask needs the whole row's sequences, the rest the local tokens.
+        inputs = (local.input_ids, local.position_ids, batch.cu_seqlens)
         teacher: dict[str, torch.Tensor] = {}
         with self._autocast():
             if not self.stage.last:
                 return self.model.stage_hidden(*inputs, shard=shard)
-            targets = batch.targets if plan.mtp_depths else None
+            targets = local.targets if plan.mtp_depths else None
             hidden, mtp_hidden = self.model.hidden_states(*inputs, targets=targets, shard=shard)
             if plan.term("distill") is not None:
-                teacher = self.teacher.outputs(row, shard)
+                teacher = self.teacher.outputs(*inputs, shard=shard)
         return head_loss(
             hidden,
             self.model.output_weight().to(hidden.dtype),
             plan,
-            targets=batch.targets,
-            loss_mask=batch.loss_mask,
-            advantages=batch.advantages,
-            old_logprobs=batch.old_logprobs,
-            ref_logprobs=batch.ref_logprobs,
+            targets=local.targets,
+            loss_mask=local.loss_mask,
+            advantages=local.advantages,
+            old_logprobs=local.old_logprobs,
+            ref_logprobs=local.ref_logprobs,
             mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
-            cu_seqlens=batch.cu_seqlens,
+            cu_seqlens=local.cu_seqlens,
             tp_group=self.tp_group,
             **teacher,
         )
@@ -281,7 +283,7 @@ class Trainer:
     def _refresh_mtp_embedding(self) -> None:
         """An untied model split over stages keeps a frozen embedding copy beside its MTP
         layers on the last stage: it takes the first stage's stepped embedding."""
-        if self.dims.tie_embeddings or not self.dims.mtp_layers or self.stage.size == 1:
+        if not copies_mtp_embedding(self.dims, self.stage):
             return
         if not (self.stage.first or self.stage.last):
             return
@@ -317,11 +319,7 @@ class Trainer:
         if self.cp_size == 1:
             return local
         group = parallel_state.get_context_parallel_group()
-        gathered = gather_tokens(local.to(self.device), shard.width, group).cpu()
-        keys = shard.key_positions()
-        row = torch.empty(shard.num_tokens, dtype=local.dtype)
-        row[keys[keys >= 0]] = gathered[keys >= 0]
-        return row
+        return gather_row(local.to(self.device), shard, group)
 
 
 def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
