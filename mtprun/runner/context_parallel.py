@@ -4,8 +4,9 @@ every micro batch's tokens, and attention gathers the keys and values of all of 
 The packed row of T tokens is cut into 2*cp near-equal chunks and rank r holds chunks r and
 2*cp-1-r, one early and one late, so that every rank's queries see about as many causal keys.
 Everything but attention works token by token on the local share; attention all-gathers every
-rank's keys and values (each rank's padded to the same width) and masks with the packed
-causal mask between the local queries' and the gathered keys' positions in the row.
+rank's keys and values (each rank's padded to the same width, `gather_keys`) and masks them
+with the packed causal mask between the local queries' and the gathered keys' positions in
+the row (`mtprun.runner.attention`).
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
-from megatron.core.transformer.dot_product_attention import DotProductAttention
 
 from mtprun.data.batch import PackedBatch
 
@@ -136,18 +135,11 @@ class _GatherKeys(torch.autograd.Function):
         return mine[: ctx.rows], None, None
 
 
-class ContextParallelAttention(DotProductAttention):
-    """Megatron-core's local core attention, with the keys and values of every rank of the
-    context-parallel group. The attention mask [1, 1, T_local, cp * width] says which gathered
-    key each local query sees (`packed_causal_mask`); without context parallelism it is the
-    plain local attention."""
-
-    def forward(self, query, key, value, attention_mask, *args: Any, **kwargs: Any):
-        cp = parallel_state.get_context_parallel_world_size()
-        if cp > 1:
-            group = parallel_state.get_context_parallel_group()
-            width = attention_mask.shape[-1] // cp
-            # One collective for both: keys and values side by side along the head dim.
-            both = _GatherKeys.apply(torch.cat([key, value], dim=-1), width, group)
-            key, value = (t.contiguous() for t in both.split([key.shape[-1], value.shape[-1]], -1))
-        return super().forward(query, key, value, attention_mask, *args, **kwargs)
+def gather_keys(
+    key: torch.Tensor, value: torch.Tensor, width: int, group: dist.ProcessGroup
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [T_local, b, groups, d] of this rank -> [cp * width, b, groups, d] of
+    every rank of `group`: one collective for both (side by side along the head dim)."""
+    both = _GatherKeys.apply(torch.cat([key, value], dim=-1), width, group)
+    key, value = both.split([key.shape[-1], value.shape[-1]], -1)
+    return key.contiguous(), value.contiguous()

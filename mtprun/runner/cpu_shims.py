@@ -1,6 +1,6 @@
 """Shims that let Megatron-core run on a CPU-only machine (gloo backend, CPU tensors).
 
-Megatron-core assumes CUDA in four places that the trainer reaches on CPU:
+Megatron-core assumes CUDA in five places that the trainer reaches on CPU:
 - `torch.cuda.current_device()` is used as a device argument when tensors are created;
   returning "cpu" makes those tensors CPU tensors.
 - the pipeline schedule's shape exchange calls `torch.cuda.synchronize()` after its
@@ -9,7 +9,9 @@ Megatron-core assumes CUDA in four places that the trainer reaches on CPU:
   a view of torch whose `zeros` puts such tensors on the CPU.
 - the model-parallel RNG tracker forks CUDA RNG states; the inference tracker is a plain
   context manager that needs no CUDA state.
-Both are applied only when no GPU is present, so GPU runs use Megatron unchanged.
+- activation recomputation (`trainer.recompute: selective`) saves and restores the CUDA RNG
+  state around each recomputed module; a CPU has none (the CPU state is still kept).
+All are applied only when no GPU is present, so GPU runs use Megatron unchanged.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ def needs_cpu_shims() -> bool:
 
 
 def apply_cpu_shims() -> None:
-    """Patch torch.cuda.current_device and synchronize; idempotent, no-op on machines with
-    a GPU."""
+    """Patch the CUDA assumptions above; idempotent, no-op on machines with a GPU."""
     global _applied
     if _applied or not needs_cpu_shims():
         return
@@ -34,6 +35,10 @@ def apply_cpu_shims() -> None:
     from megatron.core.pipeline_parallel import schedules
 
     schedules.torch = _TorchOnCpu()
+    from megatron.core.tensor_parallel import random
+
+    random._get_cuda_rng_state = lambda *args, **kwargs: None
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
     _applied = True
 
 

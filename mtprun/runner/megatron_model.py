@@ -5,8 +5,8 @@ one pipeline stage of it per process.
 states for the fused head loss, which applies the output layer itself, so Megatron's own
 logits and loss are never computed; earlier stages run `stage_hidden`. Packed sequences:
 position ids restart at every sequence start and are used to index the rotary table, and
-attention is block-diagonal causal over `cu_seqlens` via an explicit boolean mask (True =
-masked), which the local spec's core attention applies as given. Under context parallelism
+attention is block-diagonal causal over `cu_seqlens` (`mtprun.runner.attention`: a
+FlexAttention block mask on CUDA, an explicit boolean mask on CPU). Under context parallelism
 each process runs its share of the tokens and the core attention gathers the keys and values
 of the others (`context_parallel`).
 """
@@ -14,6 +14,7 @@ of the others (`context_parallel`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,16 +25,31 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
 from safetensors.torch import load_file
+from torch.utils.checkpoint import checkpoint
 
 from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
-from mtprun.runner.context_parallel import ContextParallelAttention, TokenShard
+from mtprun.runner.attention import PackedAttention, packed_attention_mask
+from mtprun.runner.context_parallel import TokenShard
+
+Recompute = Literal["none", "selective", "full"]
 
 
-def transformer_config(dims: ModelDims, pp: int = 1) -> TransformerConfig:
+def transformer_config(
+    dims: ModelDims, pp: int = 1, recompute: Recompute = "none"
+) -> TransformerConfig:
     """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages;
-    fusions off so CPU paths are taken."""
+    fusions off so CPU paths are taken.
+
+    `recompute: selective` is Megatron-core's selective recomputation of each layer's MLP:
+    its largest activations (2 x ffn + ffn per token) go, attention's stay. Core attention is
+    left out: the packed attention keeps only q, k, v, its output and row statistics, so
+    recomputing it would save little. So are the norms: megatron-core 0.16's output-discarding
+    checkpoint needs Transformer Engine. `full` is applied by the model's layer loop
+    (`PolicyModel._run_layers`).
+    """
+    selective = recompute == "selective"
     config = TransformerConfig(
         num_layers=dims.layers,
         hidden_size=dims.hidden,
@@ -65,6 +81,8 @@ def transformer_config(dims: ModelDims, pp: int = 1) -> TransformerConfig:
         batch_p2p_comm=False,
         # The trainer weights each micro batch's loss itself (its share of the step's tokens).
         calculate_per_token_loss=True,
+        recompute_granularity="selective" if selective else None,
+        recompute_modules=["mlp"] if selective else None,
     )
     # Shapes go first: packed micro batches differ in length. Set after construction because
     # the config's check of MoE token dispatchers refuses it even for a model without experts.
@@ -113,9 +131,11 @@ class PolicyModel(GPTModel):
     """One pipeline stage of a GPTModel, with optional MiMo MTP layers under `mtp_layers.{i}.`
     on the last stage (the whole model when the stage is the only one)."""
 
-    def __init__(self, dims: ModelDims, stage: PipelineStage | None = None) -> None:
+    def __init__(
+        self, dims: ModelDims, stage: PipelineStage | None = None, recompute: Recompute = "none"
+    ) -> None:
         stage = stage or PipelineStage(0, 1, dims.layers)
-        config = transformer_config(dims, stage.size)
+        config = transformer_config(dims, stage.size, recompute)
         super().__init__(
             config=config,
             transformer_layer_spec=decoder_layer_spec(),
@@ -130,6 +150,7 @@ class PolicyModel(GPTModel):
         )
         self.dims = dims
         self.stage = stage
+        self.recompute = recompute
         mtp_layers = dims.mtp_layers if stage.last else 0
         self.mtp_layers = torch.nn.ModuleList(
             MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(mtp_layers)
@@ -198,7 +219,7 @@ class PolicyModel(GPTModel):
 
     def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
         shard = shard or TokenShard(0, 1, input_ids.numel())
-        mask = packed_causal_mask(cu_seqlens, shard, input_ids.device)
+        mask = packed_attention_mask(cu_seqlens, shard, input_ids.device)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
         # packed_seq: rows are indexed by position id here, so Megatron must not cut the
         # table for a context-parallel rank itself.
@@ -208,9 +229,20 @@ class PolicyModel(GPTModel):
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
         else:
             hidden = self.decoder.input_tensor
+        return self._run_layers(hidden, mask, rope), mask, rope
+
+    def _run_layers(self, hidden, mask, rope) -> torch.Tensor:
+        """The decoder layers; under `recompute: full` each keeps only its input for backward
+        and runs again there. torch's non-reentrant checkpoint, not Megatron's: it carries
+        the block mask (not a tensor) and the layers use no dropout, so no RNG to replay."""
+        full = self.recompute == "full" and torch.is_grad_enabled()
         for layer in self.decoder.layers:
-            hidden, _ = layer(hidden_states=hidden, attention_mask=mask, rotary_pos_emb=rope)
-        return hidden, mask, rope
+            kwargs = {"hidden_states": hidden, "attention_mask": mask, "rotary_pos_emb": rope}
+            if full:
+                hidden, _ = checkpoint(layer, use_reentrant=False, **kwargs)
+            else:
+                hidden, _ = layer(**kwargs)
+        return hidden
 
     def _mtp_hidden(self, trunk_hidden, targets, position_ids, mask, rope) -> list[torch.Tensor]:
         if targets is None:
@@ -250,28 +282,11 @@ def check_native_mtp_loss_disabled(model: GPTModel) -> None:
         )
 
 
-def packed_causal_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device) -> torch.Tensor:
-    """[1, 1, T_local, cp * width] bool, True where a local query must not see a gathered key
-    (`shard.key_positions()` order): a key after the query, in another sequence, or padding.
-    Without context parallelism that is [1, 1, T, T] over the row."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
-    seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
-    if seq_id.numel() != shard.num_tokens:
-        raise ValueError(
-            f"cu_seqlens covers {seq_id.numel()} tokens but the batch has {shard.num_tokens}; "
-            "cu_seqlens[-1] must equal the number of packed tokens"
-        )
-    query = shard.index.to(device)
-    key = shard.key_positions().to(device)
-    same_sequence = seq_id[query][:, None] == seq_id[key.clamp(min=0)][None, :]
-    visible = same_sequence & (key[None, :] <= query[:, None]) & (key[None, :] >= 0)
-    return (~visible)[None, None]
-
-
 def decoder_layer_spec() -> ModuleSpec:
-    """Megatron-core's local transformer layer, its core attention context-parallel."""
+    """Megatron-core's local transformer layer, its core attention packed (flash-class on
+    CUDA) and context-parallel."""
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
+    spec.submodules.self_attention.submodules.core_attention = PackedAttention
     return spec
 
 
@@ -294,10 +309,11 @@ def load_policy_model(
     tp_rank: int,
     tp_size: int,
     stage: PipelineStage | None = None,
+    recompute: Recompute = "none",
 ) -> PolicyModel:
     """The HF folder's model as a PolicyModel on `device`, holding this TP rank's shards of
-    pipeline `stage` (None: the whole model)."""
-    model = PolicyModel(dims, stage).to(device)
+    pipeline `stage` (None: the whole model), with `recompute` (see transformer_config)."""
+    model = PolicyModel(dims, stage, recompute).to(device)
     weights = hf_to_megatron(
         read_hf_weights(model_dir), dims, tp_rank, tp_size, source=str(model_dir)
     )

@@ -90,7 +90,9 @@ class Trainer:
             self.dims.layers,
         )
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
-        self.model = load_policy_model(Path(model_dir), self.dims, self.device, *tp, self.stage)
+        self.model = load_policy_model(
+            Path(model_dir), self.dims, self.device, *tp, self.stage, recipe.trainer.recompute
+        )
         distill = plan.term("distill")
         self.teacher = (
             Teacher(Path(distill.teacher), self.dims, self.device, *tp)

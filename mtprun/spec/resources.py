@@ -15,6 +15,14 @@ class ResourcesSection(Section):
         None, ge=1, description="CPUs of the local Ray instance; null lets Ray decide."
     )
     num_gpus: int = Field(0, ge=0, description="GPUs of the local Ray instance.")
+    gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Memory of each trainer GPU in GiB (e.g. 80 for an H100); when set, `mtprun "
+            "validate` warns if the trainer's estimated peak per rank does not fit in it."
+        ),
+    )
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each trainer/rollout actor takes.")
     gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each trainer/rollout actor takes.")
     world_size: int | None = Field(

@@ -21,6 +21,14 @@ class TrainerSection(Section):
     micro_batch_tokens: int = Field(
         2048, ge=1, description="Tokens per packed micro batch (one forward/backward)."
     )
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none",
+        description=(
+            "Activation recomputation in backward: none keeps every activation; selective "
+            "recomputes the core attention of each layer; full keeps only each decoder "
+            "layer's input and recomputes the layer (least memory, ~1/3 more compute)."
+        ),
+    )
     grad_clip: float | None = Field(
         1.0, gt=0, description="Clip the global gradient norm to this value; null disables."
     )

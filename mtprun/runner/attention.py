@@ -1,0 +1,168 @@
+"""Packed causal attention: the core attention of every decoder layer.
+
+A micro batch is one packed row of sequences; a query sees the keys of its own sequence up
+to itself. `packed_attention_mask` describes that once per micro batch, for the local
+queries of a context-parallel rank against the gathered keys of every rank
+(`TokenShard.key_positions` order), and `PackedAttention` applies it:
+
+- CUDA: FlexAttention with a block mask built from the sequences' extents. Block pairs that
+  cross no sequence boundary and lie under the diagonal are full (no mask evaluated), pairs
+  in different sequences or above the diagonal are skipped, the rest evaluate the mask per
+  element. No [T, T] tensor exists; GQA is handled by the kernel (no repeated keys).
+- CPU: an explicit boolean [1, 1, T_local, cp * width] mask through Megatron-core's local
+  attention (unfused softmax; fine at the sizes a CPU trains).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from mtprun.runner.context_parallel import TokenShard, gather_keys
+
+BLOCK = 128  # FlexAttention's tile along queries and keys
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Sequence id and row position of each local query and each gathered key (-1 for a
+    padding key, which no query sees)."""
+
+    query_seq: torch.Tensor
+    query_pos: torch.Tensor
+    key_seq: torch.Tensor
+    key_pos: torch.Tensor
+
+    @classmethod
+    def of(cls, cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> TokenLayout:
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
+        seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+        if seq_id.numel() != shard.num_tokens:
+            raise ValueError(
+                f"cu_seqlens covers {seq_id.numel()} tokens but the batch has "
+                f"{shard.num_tokens}; cu_seqlens[-1] must equal the number of packed tokens"
+            )
+        query = shard.index.to(device)
+        key = shard.key_positions().to(device)
+        key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
+        return cls(seq_id[query], query, key_seq, key)
+
+    def visible(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Whether query index q sees key index k (broadcasting index tensors)."""
+        return (self.query_seq[q] == self.key_seq[k]) & (self.key_pos[k] <= self.query_pos[q])
+
+
+def packed_causal_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> torch.Tensor:
+    """[1, 1, T_local, cp * width] bool, True where a local query must not see a gathered key
+    (`shard.key_positions()` order): a key after the query, in another sequence, or padding.
+    Without context parallelism that is [1, 1, T, T] over the row."""
+    layout = TokenLayout.of(cu_seqlens, shard, device)
+    q = torch.arange(layout.query_pos.numel(), device=device)
+    k = torch.arange(layout.key_pos.numel(), device=device)
+    return (~layout.visible(q[:, None], k[None, :]))[None, None]
+
+
+def packed_block_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> BlockMask:
+    """The same mask as a FlexAttention BlockMask, built from per-block extents of sequence
+    ids and positions ([T/128, T/128] work, no [T, T] tensor)."""
+    layout = TokenLayout.of(cu_seqlens, shard, device)
+    q_seq, q_pos = _block_extents(layout.query_seq), _block_extents(layout.query_pos)
+    # Padding keys get sequence id -1 and position -1: a block holding one is never full.
+    k_seq, k_pos = _block_extents(layout.key_seq), _block_extents(layout.key_pos)
+    same_single_seq = (
+        (q_seq[0][:, None] == q_seq[1][:, None])
+        & (k_seq[0][None, :] == k_seq[1][None, :])
+        & (q_seq[0][:, None] == k_seq[0][None, :])
+    )
+    full = same_single_seq & (k_pos[1][None, :] <= q_pos[0][:, None]) & (k_pos[0][None, :] >= 0)
+    # Sequence ids and positions rise with the row position, so a block pair whose id
+    # ranges do not meet, or whose keys all come after its queries, sees nothing.
+    disjoint = (k_seq[1][None, :] < q_seq[0][:, None]) | (k_seq[0][None, :] > q_seq[1][:, None])
+    empty = disjoint | (k_pos[0][None, :] > q_pos[1][:, None]) | (k_seq[1][None, :] < 0)
+    partial = ~(full | empty)
+    num_partial, partial_idx = _ordered(partial)
+    num_full, full_idx = _ordered(full)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return layout.visible(q_idx, kv_idx)
+
+    return BlockMask.from_kv_blocks(
+        num_partial,
+        partial_idx,
+        num_full,
+        full_idx,
+        BLOCK_SIZE=BLOCK,
+        mask_mod=mask_mod,
+        seq_lengths=(layout.query_pos.numel(), layout.key_pos.numel()),
+    )
+
+
+def _block_extents(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(min, max) of `values` over each block of BLOCK consecutive entries (the last block
+    may be short)."""
+    pad = -values.numel() % BLOCK
+    low = torch.nn.functional.pad(values, (0, pad), value=torch.iinfo(values.dtype).max)
+    high = torch.nn.functional.pad(values, (0, pad), value=torch.iinfo(values.dtype).min)
+    return low.view(-1, BLOCK).amin(1), high.view(-1, BLOCK).amax(1)
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[q_blocks, kv_blocks] bool -> (count [1, 1, q_blocks], indices [1, 1, q_blocks,
+    kv_blocks]) with each row's True columns first, ascending, as BlockMask takes them."""
+    count = blocks.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return count[None, None], order[None, None]
+
+
+def packed_attention_mask(
+    cu_seqlens: torch.Tensor, shard: TokenShard, device: torch.device
+) -> torch.Tensor | BlockMask:
+    """The mask `PackedAttention` takes on `device`: a BlockMask on CUDA, a dense one else."""
+    if torch.device(device).type == "cuda":
+        return packed_block_mask(cu_seqlens, shard, device)
+    return packed_causal_mask(cu_seqlens, shard, device)
+
+
+@cache
+def _compiled_flex_attention():
+    # Packed micro batches differ in length: one dynamic-shape kernel serves them all.
+    return torch.compile(flex_attention, dynamic=True)
+
+
+class PackedAttention(DotProductAttention):
+    """Megatron-core's core attention over a packed row, with the keys and values of every
+    rank of the context-parallel group.
+
+    Inputs (Megatron's layout): query [T_local, 1, heads, d], key and value [T_local, 1,
+    groups, d] for this rank's tensor-parallel heads; `attention_mask` from
+    `packed_attention_mask`. Output [T_local, 1, heads * d]. Under context parallelism the
+    keys and values of the cp ranks are all-gathered first (one collective per layer; the
+    backward sums their gradients, see `gather_keys`).
+    """
+
+    def forward(self, query, key, value, attention_mask, *args: Any, **kwargs: Any):
+        cp = parallel_state.get_context_parallel_world_size()
+        if cp > 1:
+            group = parallel_state.get_context_parallel_group()
+            width = _key_length(attention_mask) // cp
+            key, value = gather_keys(key, value, width, group)
+        if isinstance(attention_mask, BlockMask):
+            return _flex(query, key, value, attention_mask)
+        return super().forward(query, key, value, attention_mask, *args, **kwargs)
+
+
+def _key_length(mask: torch.Tensor | BlockMask) -> int:
+    return mask.seq_lengths[1] if isinstance(mask, BlockMask) else mask.shape[-1]
+
+
+def _flex(query, key, value, mask: BlockMask) -> torch.Tensor:
+    """[T, 1, heads, d] query, [S, 1, groups, d] keys/values -> [T, 1, heads * d]."""
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+    out = _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
+    return out.permute(2, 0, 1, 3).flatten(2)
