@@ -4,7 +4,8 @@ Needs torch with CUDA, Triton, transformers and megatron-core (no vLLM, Ray or M
 each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.trainer.Trainer`
 (bf16 autocast over float32 master weights, NCCL process group of one), runs optimizer steps
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
-it exports the weights to HF format and checks the trainer's log-probs against transformers.
+it exports the weights to HF format, checks the trainer's log-probs against transformers, and
+checks that a Trainer loaded from its state_dict takes the same next step.
 The distill case also runs a frozen teacher of the same shape in every micro batch. With
 `--pp N` the trainer is split into N pipeline stages, with `--cp N` every micro batch's tokens
 over N context-parallel ranks; one process and GPU per rank (NCCL), and the last rank reports
@@ -19,6 +20,7 @@ over N context-parallel ranks; one process and GPU per rank (NCCL), and the last
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import socket
@@ -158,12 +160,28 @@ def run_case(
         else None,
         "metrics": {k: round(v, 5) for k, v in metrics.items()},
         "hf_logprob_max_abs_diff": hf_logprob_gap(trainer, batches[0], folder, device),
+        "resume_loss_diff": resume_loss_diff(trainer, recipe, folder, batches, device),
     }
     del trainer
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def resume_loss_diff(
+    trainer: Trainer, recipe: Recipe, folder: Path, batches: list, device: str
+) -> float:
+    """|loss difference| of one more step between `trainer` and a new Trainer loaded from
+    its state_dict (model, optimizer state, schedule): 0 when a checkpoint resumes exactly."""
+    state = copy.deepcopy(trainer.state_dict())
+    resumed = Trainer(recipe, folder, compile_recipe(recipe), device)
+    resumed.load_state_dict(state)
+    del state
+    want = trainer.train_step(batches)
+    got = resumed.train_step(batches)
+    del resumed
+    return abs(got["loss"] - want["loss"]) + abs(got["grad_norm"] - want["grad_norm"])
 
 
 def _with_teacher(term: dict, spec: TinyModel, work: Path) -> dict:

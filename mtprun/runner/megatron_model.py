@@ -37,10 +37,13 @@ Recompute = Literal["none", "selective", "full"]
 
 
 def transformer_config(
-    dims: ModelDims, pp: int = 1, recompute: Recompute = "none"
+    dims: ModelDims,
+    pp: int = 1,
+    recompute: Recompute = "none",
+    dtype: torch.dtype = torch.float32,
 ) -> TransformerConfig:
-    """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages;
-    fusions off so CPU paths are taken.
+    """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages, with
+    `dtype` weights; fusions off so CPU paths are taken.
 
     `recompute: selective` is Megatron-core's selective recomputation of each layer's MLP:
     its largest activations (2 x ffn + ffn per token) go, attention's stay. Core attention is
@@ -65,7 +68,10 @@ def transformer_config(
         layernorm_epsilon=dims.rms_norm_eps,
         attention_dropout=0.0,
         hidden_dropout=0.0,
-        params_dtype=torch.float32,  # master weights; bf16 recipes compute under autocast
+        # bf16 weights train with Megatron's optimizer (float32 master copies there); float32
+        # weights are their own master copy and compute under autocast.
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         perform_initialization=False,  # weights come from the HF checkpoint
         bias_activation_fusion=False,
@@ -132,10 +138,14 @@ class PolicyModel(GPTModel):
     on the last stage (the whole model when the stage is the only one)."""
 
     def __init__(
-        self, dims: ModelDims, stage: PipelineStage | None = None, recompute: Recompute = "none"
+        self,
+        dims: ModelDims,
+        stage: PipelineStage | None = None,
+        recompute: Recompute = "none",
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         stage = stage or PipelineStage(0, 1, dims.layers)
-        config = transformer_config(dims, stage.size, recompute)
+        config = transformer_config(dims, stage.size, recompute, dtype)
         super().__init__(
             config=config,
             transformer_layer_spec=decoder_layer_spec(),
@@ -310,10 +320,12 @@ def load_policy_model(
     tp_size: int,
     stage: PipelineStage | None = None,
     recompute: Recompute = "none",
+    dtype: torch.dtype = torch.float32,
 ) -> PolicyModel:
-    """The HF folder's model as a PolicyModel on `device`, holding this TP rank's shards of
-    pipeline `stage` (None: the whole model), with `recompute` (see transformer_config)."""
-    model = PolicyModel(dims, stage, recompute).to(device)
+    """The HF folder's model as a PolicyModel on `device` with `dtype` weights, holding this
+    TP rank's shards of pipeline `stage` (None: the whole model), with `recompute` (see
+    transformer_config)."""
+    model = PolicyModel(dims, stage, recompute, dtype).to(device=device, dtype=dtype)
     weights = hf_to_megatron(
         read_hf_weights(model_dir), dims, tp_rank, tp_size, source=str(model_dir)
     )

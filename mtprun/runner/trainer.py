@@ -38,6 +38,7 @@ from mtprun.models.pp_layout import (
 from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.context_parallel import TokenShard, gather_row
 from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
+from mtprun.runner.mixed_precision import MegatronMixedPrecision
 from mtprun.runner.optim import NormScope, build_groups
 from mtprun.runner.parallel import init_parallel
 from mtprun.runner.pipeline import run_micro_batches
@@ -90,8 +91,20 @@ class Trainer:
             self.dims.layers,
         )
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
+        mtp = plan.term("mtp")
+        separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
+        # bf16 weights with Megatron's DDP and optimizer where they can run (see
+        # mixed_precision); float32 weights under autocast with torch.optim elsewhere.
+        mixed = self._compute_dtype == torch.bfloat16 and self.device.type == "cuda"
+        mixed = mixed and separate is None
         self.model = load_policy_model(
-            Path(model_dir), self.dims, self.device, *tp, self.stage, recipe.trainer.recompute
+            Path(model_dir),
+            self.dims,
+            self.device,
+            *tp,
+            self.stage,
+            recipe.trainer.recompute,
+            torch.bfloat16 if mixed else torch.float32,
         )
         distill = plan.term("distill")
         self.teacher = (
@@ -99,14 +112,14 @@ class Trainer:
             if distill is not None and self.stage.last
             else None
         )
-        mtp = plan.term("mtp")
-        separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
-        self.groups = build_groups(recipe.trainer, self.model, separate)
         names = [n for n, _ in self.model.named_parameters()]
+        copies = frozenset(n for n in names if is_tied_copy(n, self.dims, self.stage))
+        self.mixed = MegatronMixedPrecision(recipe.trainer, self.model, copies) if mixed else None
+        self.groups = [] if mixed else build_groups(recipe.trainer, self.model, separate)
         self._norm_scope = NormScope(
             tp=self.tp_group,
             pp=parallel_state.get_pipeline_model_parallel_group() if self.stage.size > 1 else None,
-            copies=frozenset(n for n in names if is_tied_copy(n, self.dims, self.stage)),
+            copies=copies,
         )
         self.step = 0
         self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
@@ -126,8 +139,7 @@ class Trainer:
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
         self.model.train()
-        for group in self.groups:
-            group.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         trained = [int(mb.loss_mask.sum()) for mb in micro_batches]
         tokens, total = self._sum_over_data_parallel(
             [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
@@ -147,10 +159,7 @@ class Trainer:
             for name, value in report.items():
                 sums[name] += value
         self._sum_tied_embedding_grads()
-        self._sum_data_parallel_grads()
-        lr = self.groups[0].lr
-        clip = self.recipe.trainer.grad_clip
-        norms = {g.name: g.step(clip, self._norm_scope) for g in self.groups}
+        lr, norms = self._optimizer_step()
         self._refresh_mtp_embedding()
         self.step += 1
         summed = self._sum_over_data_parallel(list(sums.values()), with_context=True)
@@ -188,27 +197,55 @@ class Trainer:
             full = {name: t for part in parts for name, t in part.items()}
         return megatron_to_hf(full, self.dims)
 
+    def _zero_grad(self) -> None:
+        if self.mixed is not None:
+            self.mixed.zero_grad()
+        for group in self.groups:
+            group.optimizer.zero_grad(set_to_none=True)
+
+    def _optimizer_step(self) -> tuple[float, dict[str, float]]:
+        """Sum the gradients over data-parallel and context-parallel ranks, clip and step;
+        returns this step's learning rate and each optimizer's norm before clipping."""
+        if self.mixed is not None:
+            self.mixed.finish_grads()
+            lr = self.mixed.lr
+            return lr, {"policy": self.mixed.step()}
+        self._sum_data_parallel_grads()
+        lr = self.groups[0].lr
+        clip = self.recipe.trainer.grad_clip
+        return lr, {g.name: g.step(clip, self._norm_scope) for g in self.groups}
+
+    def _optimizers(self) -> dict[str, Any]:
+        """name -> (optimizer, lr schedule) for checkpoints; the mixed-precision one carries
+        its schedule's position itself."""
+        if self.mixed is not None:
+            return {"policy": (self.mixed, None)}
+        return {g.name: (g.optimizer, g.scheduler) for g in self.groups}
+
     def state_dict(self) -> dict[str, Any]:
         """This process's model shards, optimizer, scheduler and step (for checkpoints).
         Like torch's state_dict it references live tensors: save or copy it before stepping."""
         return {
             "model": self.model.state_dict(),
-            "optimizers": {g.name: g.optimizer.state_dict() for g in self.groups},
-            "schedulers": {g.name: g.scheduler.state_dict() for g in self.groups},
+            "optimizers": {n: opt.state_dict() for n, (opt, _) in self._optimizers().items()},
+            "schedulers": {
+                n: sched.state_dict() for n, (_, sched) in self._optimizers().items() if sched
+            },
             "step": self.step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        saved = sorted(state["optimizers"])
-        if saved != sorted(g.name for g in self.groups):
+        saved, optimizers = sorted(state["optimizers"]), self._optimizers()
+        if saved != sorted(optimizers):
             raise ValueError(
                 f"the checkpoint has optimizers {saved} but this recipe makes "
-                f"{[g.name for g in self.groups]}; was mtp.separate_optimizer changed?"
+                f"{sorted(optimizers)}; was mtp.separate_optimizer changed?"
             )
         self.model.load_state_dict(state["model"])
-        for group in self.groups:
-            group.optimizer.load_state_dict(state["optimizers"][group.name])
-            group.scheduler.load_state_dict(state["schedulers"][group.name])
+        for name, (optimizer, scheduler) in optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+            if scheduler is not None:
+                scheduler.load_state_dict(state["schedulers"][name])
         self.step = int(state["step"])
 
     def _train_micro_batch(self, item: tuple[PackedBatch, float]) -> Any:
@@ -277,6 +314,9 @@ class Trainer:
             if self.stage.first
             else self.model.output_layer.weight
         )
+        if self.mixed is not None:  # DDP accumulates into float32 main_grad
+            dist.all_reduce(weight.main_grad, group=parallel_state.get_embedding_group())
+            return
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())

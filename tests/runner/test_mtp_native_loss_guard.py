@@ -20,8 +20,8 @@ from mtprun.runner.megatron_model import PolicyModel
 _transformer_config = megatron_model.transformer_config
 
 
-def _with_native_mtp(dims: ModelDims, pp: int = 1):
-    config = _transformer_config(dims, pp)
+def _with_native_mtp(dims: ModelDims, *args):
+    config = _transformer_config(dims, *args)
     config.mtp_num_layers = 1  # set, not replaced: replace() would re-run the config's checks
     return config
 

@@ -1,0 +1,141 @@
+"""Where one trainer step's GPU time goes: torch.profiler over one `Trainer.train_step` of a
+random-init model of Qwen2.5-1.5B's shape, kernels grouped by kind, top kernels listed.
+
+    python bench/profile_step.py                              # 2048-token sequences
+    python bench/profile_step.py --seq 8192 --recompute full --json $OUT/profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mtprun.compiler import compile_recipe
+from mtprun.data.batch import PackedBatch
+from mtprun.data.tokenizer import build_tokenizer
+from mtprun.models.tiny import build_tiny_model
+from mtprun.runner.trainer import Trainer
+from mtprun.spec.model import TinyModel
+from mtprun.spec.recipe import Recipe
+
+QWEN_1_5B = {
+    "hidden": 1536, "layers": 28, "heads": 12, "kv_heads": 2, "intermediate": 8960,
+    "vocab": 151936,
+}  # fmt: skip
+# Kernel name patterns, first match wins.
+KINDS = [
+    ("gemm", r"gemm|cutlass|sm90_xmma|nvjet|cublas"),
+    ("attention", r"flex|flash|attention"),
+    ("head loss (triton)", r"_stats|_grad|head|rows|select"),
+    ("optimizer", r"adam|multi_tensor|foreach|_amp_"),
+    ("communication", r"nccl"),
+    ("copy / cast", r"copy|cast|convert|to_copy|memcpy|memset|fill"),
+    ("elementwise / norm / other", r"."),
+]
+
+
+def equal_sequences(vocab: int, tokens: int, seq: int, seed: int) -> PackedBatch:
+    """`tokens` random tokens as sequences of `seq` tokens, every target trained but each
+    sequence's last."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (tokens,), generator=g)
+    cu = torch.arange(0, tokens + 1, seq, dtype=torch.int32)
+    mask = torch.ones(tokens, dtype=torch.bool)
+    mask[cu[1:].long() - 1] = False
+    positions = torch.arange(tokens) % seq
+    return PackedBatch(ids, torch.roll(ids, -1), mask, positions, cu)
+
+
+def mfu(params: int, hidden: int, layers: int, seq: int, tokens: int, step_s: float) -> float:
+    """[6 (non-embedding params + H V) tokens + 6 L H s tokens] / step / 989 TFLOP/s."""
+    flops = 6 * params * tokens + 6 * layers * hidden * seq * tokens
+    return flops / step_s / 989e12
+
+
+def kind_of(name: str) -> str:
+    return next(kind for kind, pattern in KINDS if re.search(pattern, name, re.IGNORECASE))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--step-tokens", type=int, default=16384)
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--recompute", default="none")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    spec = TinyModel(architecture="qwen2", max_seq_len=max(args.seq, 512), **QWEN_1_5B)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = build_tiny_model(spec, build_tokenizer("char"), Path(tmp) / "m", seed=0)
+        recipe = Recipe.model_validate(
+            {
+                "name": "profile-step",
+                "model": {"path": str(folder), "dtype": "bfloat16"},
+                "data": {"source": "arithmetic", "template": "char"},
+                "losses": [{"kind": "ce"}],
+                "trainer": {
+                    "lr": 1e-5,
+                    "micro_batch_tokens": args.micro_batch_tokens,
+                    "recompute": args.recompute,
+                },
+            }
+        )
+        trainer = Trainer(recipe, folder, compile_recipe(recipe), "cuda")
+    micro = args.step_tokens // args.micro_batch_tokens
+    batches = [
+        equal_sequences(spec.vocab, args.micro_batch_tokens, args.seq, seed=i).to("cuda")
+        for i in range(micro)
+    ]
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        metrics = trainer.train_step(batches)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        trainer.train_step(batches)
+        torch.cuda.synchronize()
+    step = min(times[1:] or times)
+    body = sum(p.numel() for n, p in trainer.model.named_parameters() if "embedding" not in n)
+    kernels = [
+        e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"
+    ]
+    total = sum(e.device_time_total for e in kernels)
+    kinds: dict[str, float] = {}
+    for e in kernels:
+        kinds[kind_of(e.key)] = kinds.get(kind_of(e.key), 0.0) + e.device_time_total
+    result = {
+        "seq": args.seq,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "recompute": args.recompute,
+        "step_s": round(step, 4),
+        "first_step_s": round(times[0], 2),
+        "tokens_per_s": round(args.step_tokens / step),
+        "mfu": round(mfu(body, spec.hidden, spec.layers, args.seq, args.step_tokens, step), 4),
+        "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "loss": round(metrics["loss"], 4),
+        "gpu_busy_ms": round(total / 1e3, 1),
+        "kinds_ms": {k: round(v / 1e3, 1) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
+        "top": [
+            [e.key[:90], round(e.device_time_total / 1e3, 2), e.count]
+            for e in sorted(kernels, key=lambda e: -e.device_time_total)[: args.top]
+        ],
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

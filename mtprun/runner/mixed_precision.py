@@ -1,0 +1,101 @@
+"""bf16 training on CUDA through megatron-core's DistributedDataParallel and optimizer.
+
+The policy's weights are bf16 (what the GPU computes with). Megatron-core's DDP gives every
+parameter a float32 `main_grad` in one contiguous buffer, into which each micro batch's bf16
+gradient is added as soon as it is produced, and sums the buffer over the data-parallel x
+context-parallel ranks once per step (the trainer's losses are already weighted by each
+share's tokens: `calculate_per_token_loss` makes DDP sum, not average). Megatron-core's
+mixed-precision optimizer keeps float32 master weights and the Adam state, clips by the
+whole model's norm (tensor-parallel duplicates and a tied output-layer copy counted once,
+pipeline stages summed) and copies the stepped master weights back into the bf16 ones.
+
+float32 recipes, CPUs (Megatron's optimizer needs CUDA) and a separately clipped MTP head
+train with torch.optim on float32 weights instead (`mtprun.runner.optim`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+from mtprun.runner.optim import lr_factor
+from mtprun.spec.trainer import TrainerSection
+
+
+class MegatronMixedPrecision:
+    """The policy's gradients and optimizer step under bf16 weights (see module docstring).
+
+    `model` must already hold bf16 parameters; a parameter with requires_grad False (a frozen
+    embedding copy) is left out of both the gradient buffer and the optimizer. The parameters
+    named in `copies` (a tied output layer's copy on the last pipeline stage) are stepped
+    but left out of the norm, which counts their original on the first stage.
+    """
+
+    def __init__(
+        self, trainer: TrainerSection, model: torch.nn.Module, copies: frozenset[str] = frozenset()
+    ) -> None:
+        self.trainer = trainer
+        for name, param in model.named_parameters():
+            if name in copies:
+                param.shared = True  # Megatron's norm skips `shared` parameters
+        self.ddp = DistributedDataParallel(
+            config=model.config,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False
+            ),
+            module=model,
+        )
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam" if trainer.optimizer == "adamw" else "sgd",
+                lr=trainer.lr,
+                weight_decay=trainer.weight_decay,
+                adam_beta1=0.9,
+                adam_beta2=0.999,
+                adam_eps=1e-8,
+                sgd_momentum=0.0,
+                bf16=True,
+                params_dtype=torch.bfloat16,
+                # Megatron measures the norm only when it clips: no clipping is an
+                # infinite bound, so grad_norm is still reported.
+                clip_grad=trainer.grad_clip or float("inf"),
+            ),
+            [self.ddp],
+        )
+        self.steps = 0
+
+    @property
+    def lr(self) -> float:
+        return self.trainer.lr * lr_factor(self.trainer, self.steps)
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def finish_grads(self) -> None:
+        """Sum the float32 main gradients over the data-parallel x context-parallel ranks."""
+        self.ddp.finish_grad_sync()
+
+    def step(self) -> float:
+        """Clip (trainer.grad_clip), step at this step's learning rate; returns the whole
+        model's gradient norm before clipping."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        stepped, norm, _ = self.optimizer.step()
+        if not stepped:  # bf16 has no loss scale: an inf/nan gradient is a diverged run
+            raise FloatingPointError(
+                f"step {self.steps}: the gradient holds inf or nan; lower trainer.lr or set "
+                "trainer.grad_clip"
+            )
+        self.steps += 1
+        return float(norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
