@@ -4,10 +4,12 @@ The policy's weights are bf16 (what the GPU computes with). Megatron-core's DDP 
 parameter a float32 `main_grad` in one contiguous buffer, into which each micro batch's bf16
 gradient is added as soon as it is produced, and sums the buffer over the data-parallel x
 context-parallel ranks once per step (the trainer's losses are already weighted by each
-share's tokens: `calculate_per_token_loss` makes DDP sum, not average). Megatron-core's
-mixed-precision optimizer keeps float32 master weights and the Adam state, clips by the
-whole model's norm (tensor-parallel duplicates and a tied output-layer copy counted once,
-pipeline stages summed) and copies the stepped master weights back into the bf16 ones.
+share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-scattered so
+that each rank keeps the slice it steps. Megatron-core's distributed optimizer keeps float32
+master weights and the Adam state of that slice only (sharded over the data-parallel x
+context-parallel ranks), clips by the whole model's norm (tensor-parallel duplicates and a
+tied output-layer copy counted once, pipeline stages summed) and all-gathers the stepped
+slices back into the bf16 weights.
 
 float32 recipes, CPUs (Megatron's optimizer needs CUDA) and a separately clipped MTP head
 train with torch.optim on float32 weights instead (`mtprun.runner.optim`).
@@ -44,7 +46,9 @@ class MegatronMixedPrecision:
         self.ddp = DistributedDataParallel(
             config=model.config,
             ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=True,
             ),
             module=model,
         )
@@ -59,6 +63,7 @@ class MegatronMixedPrecision:
                 sgd_momentum=0.0,
                 bf16=True,
                 params_dtype=torch.bfloat16,
+                use_distributed_optimizer=True,
                 # Megatron measures the norm only when it clips: no clipping is an
                 # infinite bound, so grad_norm is still reported.
                 clip_grad=trainer.grad_clip or float("inf"),
@@ -94,8 +99,18 @@ class MegatronMixedPrecision:
         return float(norm)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+        """The optimizer's settings, and its master weights and Adam state gathered from the
+        data-parallel ranks on the first of them (None on the others). Every data-parallel
+        rank must call it (it gathers)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "param_state": self.optimizer.get_parameter_state_dp_zero(),
+            "steps": self.steps,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of state_dict: the first data-parallel rank's state is scattered to all
+        (every data-parallel rank must call it)."""
         self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_parameter_state_from_dp_zero(state["param_state"])
         self.steps = int(state["steps"])
