@@ -13,6 +13,7 @@ old trainer's limit) and is scaled to the same token count.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 
 import torch
@@ -64,18 +65,19 @@ def varlen(tokens: int, seq: int) -> float:
         torch.randn(s, device="cuda", dtype=torch.bfloat16, requires_grad=True) for s in shapes
     ]
 
-    # Causal is window (-1, 0) in newer torch, is_causal=True in older.
-    for causal in ({"window_size": (-1, 0)}, {"is_causal": True}):
-        try:
-            return _fwd_bwd_ms(
-                lambda q, k, v, c=causal: varlen_attn(
-                    q, k, v, cu, cu, seq, seq, enable_gqa=True, **c
-                ),
-                inputs,
-            )
-        except TypeError:
-            continue
-    raise TypeError("varlen_attn takes neither window_size nor is_causal")
+    # Causal is `window_size=(-1, 0)` in newer torch, `is_causal=True` in older.
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    gqa = "enable_gqa" in params
+
+    def attend(q, k, v):
+        if not gqa:  # an older torch: repeat the key/value heads
+            k, v = (t.repeat_interleave(HEADS // GROUPS, 1) for t in (k, v))
+        return varlen_attn(
+            q, k, v, cu, cu, seq, seq, **causal, **({"enable_gqa": True} if gqa else {})
+        )
+
+    return _fwd_bwd_ms(attend, inputs)
 
 
 def sdpa(tokens: int, seq: int) -> float:

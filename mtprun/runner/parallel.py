@@ -51,7 +51,8 @@ def init_parallel(
         tensor_model_parallel_size=sizes["tp"],
         pipeline_model_parallel_size=sizes["pp"],
         context_parallel_size=sizes["cp"],
-        create_gloo_process_groups=backend == "gloo",
+        # The distributed optimizer gathers its state for checkpoints over gloo groups.
+        create_gloo_process_groups=True,
     )
     if needs_cpu_shims():
         reset_rng_tracker()
