@@ -24,7 +24,13 @@ class Teacher:
     """
 
     def __init__(
-        self, model_dir: Path, student: ModelDims, device: torch.device, tp_rank: int, tp_size: int
+        self,
+        model_dir: Path,
+        student: ModelDims,
+        device: torch.device,
+        tp_rank: int,
+        tp_size: int,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.dims = ModelDims.from_model_dir(model_dir)
         if self.dims.vocab != student.vocab:
@@ -33,7 +39,7 @@ class Teacher:
                 f"tokens and the policy one of {student.vocab}; distillation compares their "
                 "distributions token by token, so the teacher must use the policy's tokenizer"
             )
-        self.model = load_policy_model(model_dir, self.dims, device, tp_rank, tp_size)
+        self.model = load_policy_model(model_dir, self.dims, device, tp_rank, tp_size, dtype=dtype)
         self.model.eval()
         self.model.requires_grad_(False)
 

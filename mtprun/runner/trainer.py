@@ -97,6 +97,7 @@ class Trainer:
         # mixed_precision); float32 weights under autocast with torch.optim elsewhere.
         mixed = self._compute_dtype == torch.bfloat16 and self.device.type == "cuda"
         mixed = mixed and separate is None
+        weights = torch.bfloat16 if mixed else torch.float32
         self.model = load_policy_model(
             Path(model_dir),
             self.dims,
@@ -104,11 +105,11 @@ class Trainer:
             *tp,
             self.stage,
             recipe.trainer.recompute,
-            torch.bfloat16 if mixed else torch.float32,
+            weights,
         )
         distill = plan.term("distill")
         self.teacher = (
-            Teacher(Path(distill.teacher), self.dims, self.device, *tp)
+            Teacher(Path(distill.teacher), self.dims, self.device, *tp, weights)
             if distill is not None and self.stage.last
             else None
         )
@@ -298,7 +299,9 @@ class Trainer:
         )
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self._compute_dtype == torch.float32:
+        """float32 weights computing in bf16 run under autocast; bf16 weights (mixed) need
+        none: every activation, the residual stream included, is bf16 already."""
+        if self._compute_dtype == torch.float32 or self.mixed is not None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self._compute_dtype)
 
