@@ -27,8 +27,10 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -67,12 +69,19 @@ GPU_SIZE = (1024, 4, 8, 2, 4096, 32768, 4096, 2)
 CPU_SIZE = (64, 2, 2, 2, 128, 128, 64, 2)
 
 
-def random_batch(vocab: int, tokens: int, seed: int, rl: bool, device: str) -> PackedBatch:
-    """Sequences of 64..512 random tokens packed into `tokens`, 70% of targets trained."""
+def random_batch(
+    vocab: int, tokens: int, seed: int, rl: bool, device: str, lengths: list[int] | None = None
+) -> PackedBatch:
+    """Sequences of 64..512 random tokens (or of the given `lengths`, which must sum to
+    `tokens`) packed into `tokens`, 70% of targets trained."""
     g = torch.Generator().manual_seed(seed)
-    lengths = []
-    while sum(lengths) < tokens:
-        lengths.append(min(int(torch.randint(64, 513, (1,), generator=g)), tokens - sum(lengths)))
+    if lengths is None:
+        lengths = []
+        while sum(lengths) < tokens:
+            n = int(torch.randint(64, 513, (1,), generator=g))
+            lengths.append(min(n, tokens - sum(lengths)))
+    elif sum(lengths) != tokens:
+        raise ValueError(f"lengths sum to {sum(lengths)}, not tokens={tokens}")
     ids = torch.randint(0, vocab, (tokens,), generator=g)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     mask = torch.rand(tokens, generator=g) < 0.7
@@ -122,21 +131,7 @@ def run_case(
     )  # fmt: skip
     folder = build_tiny_model(spec, build_tokenizer("char"), work / case.architecture, seed=0)
     losses = [_with_teacher(term, spec, work) for term in case.losses]
-    source = (
-        {"task": {"name": "arithmetic", "reward": "arithmetic", "template": "char"}}
-        if case.rl
-        else {"data": {"source": "arithmetic", "template": "char"}}
-    )
-    recipe = Recipe.model_validate(
-        {
-            "name": "gpu-smoke",
-            "model": {"path": str(folder), "dtype": dtype},
-            **source,
-            "losses": losses,
-            "trainer": {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": tokens},
-            "parallel": layout,
-        }
-    )
+    recipe = smoke_recipe(folder, dtype, losses, case.rl, {"micro_batch_tokens": tokens}, layout)
     trainer = Trainer(recipe, folder, compile_recipe(recipe), device)
     batches = [random_batch(vocab, tokens, seed=i, rl=case.rl, device=device) for i in range(micro)]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -167,6 +162,28 @@ def run_case(
     if device == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def smoke_recipe(
+    folder: Path, dtype: str, losses: list[dict], rl: bool, trainer: dict, layout: dict
+) -> Recipe:
+    """A recipe training the model in `folder` with `losses` on an arithmetic task (`rl`) or
+    data source; AdamW at lr 1e-4 with grad_clip 1.0 unless `trainer` overrides them."""
+    source = (
+        {"task": {"name": "arithmetic", "reward": "arithmetic", "template": "char"}}
+        if rl
+        else {"data": {"source": "arithmetic", "template": "char"}}
+    )
+    return Recipe.model_validate(
+        {
+            "name": "gpu-smoke",
+            "model": {"path": str(folder), "dtype": dtype},
+            **source,
+            "losses": losses,
+            "trainer": {"lr": 1e-4, "grad_clip": 1.0, **trainer},
+            "parallel": layout,
+        }
+    )
 
 
 def resume_loss_diff(
@@ -212,7 +229,7 @@ def run_cases(
     return results
 
 
-def _rank_process(rank: int, layout: dict, port: int, steps: int, out: Path) -> None:
+def _rank_process(rank: int, port: int, out: Path, layout: dict, steps: int) -> None:
     """Trainer rank `rank` of the `layout` on GPU `rank`; the last rank writes the results."""
     from mtprun.runner.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
@@ -227,17 +244,22 @@ def _rank_process(rank: int, layout: dict, port: int, steps: int, out: Path) -> 
 
 def run_spread(layout: dict, steps: int) -> list[dict]:
     """The cases on one process and GPU per rank of `layout` (pp, cp)."""
-    world = layout["pp"] * layout["cp"]
-    if torch.cuda.device_count() < world:
+    return spawn_ranks(_rank_process, layout["pp"] * layout["cp"], (layout, steps))
+
+
+def spawn_ranks(target: Callable[..., None], world: int, args: tuple, gpus: bool = True) -> Any:
+    """Run `target(rank, port, out, *args)` in `world` spawned processes (one GPU each when
+    `gpus`), `port` a free one for their process group; returns the JSON that one of them
+    writes to the file `out`."""
+    if gpus and torch.cuda.device_count() < world:
         found = torch.cuda.device_count()
-        raise SystemExit(f"{layout} needs {world} GPUs, this machine has {found}")
+        raise SystemExit(f"{world} ranks need {world} GPUs, this machine has {found}")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "results.json"
-        args = (layout, port, steps, out)
-        mp.start_processes(_rank_process, args, nprocs=world, start_method="spawn")
+        mp.start_processes(target, (port, out, *args), nprocs=world, start_method="spawn")
         return json.loads(out.read_text())
 
 
