@@ -1,9 +1,10 @@
-"""`mtprun plan RECIPE [KEY=VALUE ...] [--json]`: the fused head-loss plan of a recipe."""
+"""`mtprun plan RECIPE [KEY=VALUE ...] [--json]`: the fused head-loss plan of a recipe and the
+trainer's estimated memory per rank."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import json
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
@@ -11,11 +12,11 @@ from rich.table import Table
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
 from mtprun.spec import Recipe, check_recipe
-from mtprun.spec.model_shape import model_shape
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
     from mtprun.compiler.estimate import HeadCost
+    from mtprun.compiler.memory import TrainerMemory
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,12 +24,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="Show the fused head-loss plan compiled from a recipe.",
         description="Compile the recipe's loss terms into one head-kernel plan and show its "
-        "terms, statistics, collectives and estimated memory against the unfused way.",
+        "terms, statistics, collectives and estimated memory against the unfused way, and the "
+        "trainer's estimated memory per rank.",
     )
     parser.add_argument("recipe", help="Recipe YAML file.")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     parser.add_argument(
-        "--json", action="store_true", help="Print the HeadPlan JSON (HeadPlan.from_json reads it)."
+        "--json",
+        action="store_true",
+        help="Print the HeadPlan JSON (HeadPlan.from_json reads it) with the trainer's memory "
+        "per rank in bytes under `trainer_memory` (null when the model shape is unknown).",
     )
     parser.add_argument(
         "--head",
@@ -54,53 +59,43 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     # The compiler imports torch: only once a recipe is known to be valid.
     from mtprun.compiler import compile_recipe
+    from mtprun.compiler.memory import recipe_trainer_memory
 
-    plan = compile_recipe(check.recipe)
+    recipe = check.recipe
+    plan = compile_recipe(recipe)
+    memory = recipe_trainer_memory(recipe, plan)
     if args.json:
-        print(plan.to_json())
+        # The HeadPlan's own keys (HeadPlan.from_json reads them and ignores this one).
+        data = plan.to_dict()
+        data["trainer_memory"] = None if isinstance(memory, str) else memory.to_dict()
+        print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        cost = _cost(check.recipe, plan, args.head)
-        Console().print(Group(_overview(check.recipe, plan, cost), _terms_table(plan)))
+        cost = _cost(recipe, plan, args.head)
+        Console().print(
+            Group(_overview(recipe, plan, cost), _terms_table(plan), _memory_table(recipe, memory))
+        )
     return 0
 
 
 def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | str:
     """The head-loss cost of one micro batch on one rank, or why it cannot be estimated."""
     from mtprun.compiler.estimate import estimate_head_cost
+    from mtprun.compiler.memory import local_tokens, model_size
 
-    shape = tuple(head) if head else _head_shape(recipe)
-    if isinstance(shape, str):
-        return shape
-    hidden, vocab = shape
-    # A context-parallel rank holds two of the micro batch's 2*cp chunks.
-    chunks = 2 * recipe.parallel.cp
+    if head:
+        hidden, vocab = head
+    else:
+        size = model_size(recipe)
+        if isinstance(size, str):
+            return f"{size} (give --head HIDDEN VOCAB)"
+        hidden, vocab = size.hidden, size.vocab
     return estimate_head_cost(
         plan,
-        rows=2 * -(-recipe.trainer.micro_batch_tokens // chunks),
+        rows=local_tokens(recipe.trainer.micro_batch_tokens, recipe.parallel.cp),
         hidden=hidden,
         vocab=vocab,
         param_bytes=2 if recipe.model.dtype == "bfloat16" else 4,
     )
-
-
-def _head_shape(recipe: Recipe) -> tuple[int, int] | str:
-    """(hidden, vocab) of the output layer, or why they are unknown."""
-    shape = model_shape(recipe.model)
-    if shape is None:
-        config = Path(recipe.model.path or "") / "config.json"
-        return f"unknown: {config} not readable here (give --head HIDDEN VOCAB)"
-    if shape.vocab is not None:
-        return shape.hidden, shape.vocab
-    assert recipe.model.tiny is not None  # a model folder's shape always has its vocab
-    return shape.hidden, recipe.model.tiny.vocab_size(_tokenizer_size(recipe))
-
-
-def _tokenizer_size(recipe: Recipe) -> int:
-    from mtprun.data.tokenizer import build_tokenizer
-
-    section = recipe.data or recipe.task
-    assert section is not None  # a valid recipe has one of them
-    return len(build_tokenizer(section.template))
 
 
 def _overview(recipe: Recipe, plan: HeadPlan, cost: HeadCost | str) -> Table:
@@ -146,6 +141,59 @@ def _terms_table(plan: HeadPlan) -> Table:
         settings = term.model_dump(exclude={"kind", "weight", "coef"})
         shown = ", ".join(f"{k}={v}" for k, v in settings.items())
         table.add_row(term.kind, f"{term.weight:g}", shown)
+    return table
+
+
+def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
+    title = "trainer memory per rank"
+    table = Table(title=title)
+    table.add_column("part")
+    if isinstance(memory, str):
+        table.add_column("counted")
+        table.add_row("model shape", memory)
+        return table
+    # GiB; a model under 1 GiB (a tiny CPU one) in MiB, so its numbers are not all 0.00.
+    unit, scale = ("GiB", 2**30) if memory.total >= 2**30 else ("MiB", 2**20)
+    table.add_column(unit, justify="right")
+    table.add_column("counted")
+    if memory.stages > 1:
+        table.title = f"{title} (pipeline stage {memory.stage} of {memory.stages}, the largest)"
+    bf16 = memory.bf16_weights
+    shards = f"sharded over dp x cp = {memory.optimizer_shards} ranks"
+    state = {
+        (True, "adamw"): f"AdamW: float32 master weights, exp_avg, exp_avg_sq; {shards}",
+        (True, "sgd"): f"SGD: float32 master weights; {shards}",
+        (False, "adamw"): "AdamW: exp_avg, exp_avg_sq (torch.optim, not sharded)",
+        (False, "sgd"): "SGD without momentum: no state",
+    }[bf16, recipe.trainer.optimizer]
+    micro = "micro batch" if memory.in_flight == 1 else "micro batches (1F1B)"
+    last = memory.stage == memory.stages - 1
+    rows = [
+        ("weights", memory.weights, "bf16 compute weights" if bf16 else "float32 weights"),
+        ("gradients", memory.gradients, "float32 main gradients" if bf16 else "float32 gradients"),
+        ("optimizer state", memory.optimizer, state),
+        (
+            f"activations (recompute: {memory.recompute})",
+            memory.activations,
+            f"{memory.tokens} tokens x {memory.layers} layers x {memory.in_flight} {micro} "
+            f"in flight, {recipe.model.dtype}, flash attention",
+        ),
+        (
+            "head loss",
+            memory.head_loss,
+            "fused buffers of one micro batch" if last else "on the last pipeline stage",
+        ),
+    ]
+    for part, n, how in rows:
+        table.add_row(part, f"{n / scale:.2f}", how)
+    budget = recipe.resources.gpu_memory_gib
+    if budget is None:
+        verdict = "a floor: no CUDA context, allocator slack or kernel workspaces"
+    elif memory.total <= budget * 2**30:
+        verdict = f"fits resources.gpu_memory_gib {budget:g}"
+    else:
+        verdict = f"[red]exceeds resources.gpu_memory_gib {budget:g}[/red]"
+    table.add_row("[bold]total[/bold]", f"[bold]{memory.total / scale:.2f}[/bold]", verdict)
     return table
 
 

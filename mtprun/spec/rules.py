@@ -390,3 +390,23 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
                 f"unknown built-in task '{source}'{did_you_mean(source, TASKS)}; built-in: "
                 f"{', '.join(TASKS)}; or give a .jsonl file",
             )
+
+
+@rule("model", "parallel", "trainer", "resources", "losses", "data", "task")
+def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
+    gib = r.resources.gpu_memory_gib
+    terms = [t for _, t in _terms(r)]
+    if gib is None or not terms or len(terms) < len(r.losses) or model_shape(r.model) is None:
+        return  # no budget, broken terms, or a model shape not known here: nothing to check
+    # The estimate's head-loss part compiles the plan, which imports torch: only recipes that
+    # ask for this check pay for it (`mtprun validate` stays torch-free otherwise).
+    from mtprun.compiler.memory import GIB, over_budget_message, recipe_trainer_memory
+
+    memory = recipe_trainer_memory(r)
+    if isinstance(memory, str) or memory.total <= gib * GIB:
+        return
+    yield Issue(
+        ("resources", "gpu_memory_gib"),
+        over_budget_message(memory, gib, r.trainer.micro_batch_tokens),
+        "warning",
+    )

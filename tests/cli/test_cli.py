@@ -12,6 +12,7 @@ import pytest
 from mtprun.cli import main
 from mtprun.compiler import HeadPlan, compile_recipe
 from mtprun.compiler.estimate import estimate_head_cost
+from mtprun.compiler.memory import TrainerMemory, recipe_trainer_memory
 from mtprun.spec import load_recipe
 from mtprun.spec.schema import recipe_json_schema
 
@@ -146,6 +147,103 @@ def test_plan_counts_the_rows_of_one_context_parallel_rank(capsys, monkeypatch) 
     layout = ["parallel.cp=2", "resources.world_size=8"]
     assert main(["plan", recipe_path, *layout, "--head", "64", "1001"]) == 0
     assert "8192 rows x hidden 64" in " ".join(capsys.readouterr().out.split())
+
+
+# Qwen2.5-7B's shape (the issue's bench model), as a config.json without weights.
+QWEN_7B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+}
+
+
+def _qwen_7b(tmp_path: Path) -> list[str]:
+    """Overrides that point megatron-tp2.yaml (tp 2 x dp 2, bf16) at a 7B-shaped folder."""
+    folder = tmp_path / "qwen-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN_7B))
+    return [f"model.path={folder}"]
+
+
+def test_plan_shows_the_trainer_memory_per_rank(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
+    overrides = [*_qwen_7b(tmp_path), "trainer.recompute=full"]
+    assert main(["plan", str(recipe_path), *overrides]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    memory = recipe_trainer_memory(load_recipe(recipe_path, overrides))
+    assert isinstance(memory, TrainerMemory)
+    assert "trainer memory per rank" in out
+    gib = {name: f"{n / 2**30:.2f}" for name, n in memory.parts().items()}
+    assert f"weights │ {gib['weights']} │ bf16 compute weights" in out
+    assert f"gradients │ {gib['gradients']} │ float32 main gradients" in out
+    assert (
+        f"optimizer state │ {gib['optimizer']} │ AdamW: float32 master weights, exp_avg, "
+        "exp_avg_sq; sharded over dp x cp = 2 ranks" in out
+    )
+    assert (
+        f"activations (recompute: full) │ {gib['activations']} │ 16384 tokens x 28 layers x 1 "
+        "micro batch in flight, bfloat16, flash attention" in out
+    )
+    assert f"head loss │ {gib['head_loss']} │ fused buffers of one micro batch" in out
+    assert f"total │ {memory.total / 2**30:.2f} │ a floor" in out
+    # Half of 7.6B parameters per tensor-parallel rank, in bf16.
+    assert 6.8 < memory.weights / 2**30 < 7.4 and memory.tokens == 16384
+
+    overrides += ["resources.gpu_memory_gib=80", "trainer.recompute=none"]
+    assert main(["plan", str(recipe_path), *overrides]) == 0
+    captured = capsys.readouterr()
+    assert "exceeds resources.gpu_memory_gib 80" in " ".join(captured.out.split())
+    assert "warning: the trainer needs an estimated" in captured.err  # validate's warning too
+
+
+def test_plan_memory_of_a_model_not_at_hand_is_unknown(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
+    assert main(["plan", str(recipe_path), "--head", "3584", "152064"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert (
+        "trainer memory per rank" in out
+        and "model shape │ unknown: /models/Qwen2.5-7B-Instruct/config.json not readable here"
+        in out
+    )
+    assert main(["plan", str(recipe_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["trainer_memory"] is None
+
+
+def test_plan_json_carries_the_trainer_memory_beside_the_plan(tmp_path, capsys) -> None:
+    recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
+    overrides = _qwen_7b(tmp_path)
+    assert main(["plan", str(recipe_path), *overrides, "--json"]) == 0
+    printed = capsys.readouterr().out
+    recipe = load_recipe(recipe_path, overrides)
+    assert HeadPlan.from_json(printed) == compile_recipe(recipe)  # still round-trips
+    memory = recipe_trainer_memory(recipe)
+    assert isinstance(memory, TrainerMemory)
+    data = json.loads(printed)["trainer_memory"]
+    assert data == memory.to_dict()
+    assert data["total"] == sum(
+        data[k] for k in ("weights", "gradients", "optimizer", "activations", "head_loss")
+    )
+    assert data["recompute"] == "none" and data["optimizer_shards"] == 2
+
+
+def test_validate_warns_about_memory_and_still_exits_0(tmp_path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((REPO / "recipes" / "megatron-tp2.yaml").read_text())
+    overrides = [*_qwen_7b(tmp_path), "resources.gpu_memory_gib=60"]
+    result = _mtprun("validate", "r.yaml", *overrides, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [warning] = result.stderr.splitlines()
+    assert warning.startswith("<override 2>:1:26: warning: the trainer needs an estimated")
+    assert "1 warning(s)" in result.stdout
+    result = _mtprun("validate", "r.yaml", *overrides, "trainer.recompute=full", cwd=tmp_path)
+    assert result.returncode == 0 and result.stderr == ""
 
 
 def test_schema_written_with_o_is_the_recipe_schema(tmp_path: Path) -> None:

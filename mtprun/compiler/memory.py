@@ -1,0 +1,438 @@
+"""The trainer's memory per rank: weights, gradients, optimizer state, activations, head loss.
+
+An estimate of what one trainer rank holds at its peak, in bytes, for the most loaded pipeline
+stage. It counts the tensors that scale with the model and the micro batch; it leaves out the
+CUDA context, allocator fragmentation, kernel workspaces, communication buffers and the
+pipeline's hidden-state messages (together typically a few GiB), so read it as a floor.
+
+Notation: h hidden, L decoder layers, L_s = L / pp of them per stage, q = heads/tp x head_dim,
+kv = kv_heads/tp x head_dim, f = intermediate/tp, V' = vocab padded to a multiple of tp,
+b = bytes of the compute dtype (2 for bfloat16, 4 for float32), T = the micro batch's tokens on
+this rank (`local_tokens`: trainer.micro_batch_tokens / cp).
+
+Parameters of stage s on one tensor-parallel rank:
+
+    layer  = h (q + 2 kv) + [qkv bias] (q + 2 kv) + q h + 2 f h + f h + 2 h
+    P(s)   = L_s layer
+           + V'/tp h                              (first stage: the input embedding)
+           + h + V'/tp h                          (last stage: final norm, output layer; a tied
+                                                   model's output layer is the embedding itself
+                                                   unless pp > 1, where the last stage keeps a
+                                                   trained copy)
+           + mtp (layer + 2 h^2 + 3 h)            (last stage: MiMo MTP layers; their
+                                                   input_proj is replicated over tp)
+
+Precision follows the trainer (`mtprun.runner.mixed_precision`): `model.dtype: bfloat16` on
+GPUs trains bf16 weights with float32 main gradients and megatron-core's distributed optimizer,
+whose float32 master weights and Adam state are sharded over the dp x cp ranks; float32 recipes
+(and `mtp.separate_optimizer: true`, which takes the same path) train float32 weights with
+torch.optim, whose state is not sharded:
+
+    weights    = P(s) x (2 if bf16 weights else 4)
+    gradients  = P(s) x 4
+    optimizer  = P(s) x (4 + 8 for adamw, 4 for sgd) / (dp cp)    bf16 weights
+               = P(s) x (8 for adamw, 0 for sgd)                  float32 weights (sgd has
+                                                                  no momentum)
+
+Activations that backward keeps, per token and per decoder layer (pre-norm Qwen2/Llama layer,
+GQA, SwiGLU, flash-class attention: no [T, T] scores; sequence parallelism is off, so the
+hidden-sized ones are whole on every tensor-parallel rank):
+
+    none       A = b (4 h                    two RMSNorm inputs and outputs
+                      + q + 2 kv cp          q, k, v (under cp > 1 the all-gathered keys
+                                             and values of the whole micro batch)
+                      + q + q                attention output, attention-projection input
+                      + 2 f + f)             fc1 output, SwiGLU product
+                   + 4 heads/tp              the attention's float32 log-sum-exp
+    selective  A - 3 f b                     the trainer's selective recomputation is
+                                             megatron-core's MLP recomputation: fc1 output and
+                                             SwiGLU product are rebuilt in backward
+    full       h b                           each layer's input; the layer runs again in
+                                             backward, and one layer's `none` activations of
+                                             one micro batch exist while it does
+
+    activations(s) = T (pp - s) [L_s A_mode + last stage: 2 h b + mtp (8 h b + A_mode')]
+                   + [full] T A_none
+
+1F1B keeps up to pp - s micro batches in flight on stage s (s from 0). The last stage adds the
+final norm's input and output and, per MTP layer, its norms, the [2h] input-projection input
+and one decoder layer (never under full recomputation: the trainer checkpoints only the
+trunk's layers, so A_mode' is A_none there). Head-loss buffers (last stage) are the fused
+plan's buffers from `mtprun.compiler.estimate.estimate_head_cost` for T rows.
+
+The reported rank is the stage with the largest total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from mtprun.compiler.estimate import FLOAT32, estimate_head_cost, padded_vocab
+from mtprun.spec.model_shape import folder_shape
+from mtprun.spec.parallel import ParallelSection
+
+if TYPE_CHECKING:
+    from mtprun.compiler.plan import HeadPlan
+    from mtprun.spec.recipe import Recipe
+
+GIB = 2**30
+Recompute = Literal["none", "selective", "full"]
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_ADAM_MOMENTS = 2 * FLOAT32  # exp_avg and exp_avg_sq
+_MASTER = FLOAT32  # the distributed optimizer's float32 copy of bf16 weights
+
+# Parts of the estimate, in the order tables and messages list them.
+PARTS = ("weights", "gradients", "optimizer", "activations", "head_loss")
+PART_LABELS = {
+    "weights": "weights",
+    "gradients": "gradients",
+    "optimizer": "optimizer state",
+    "activations": "activations",
+    "head_loss": "head loss",
+}
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The decoder shape the estimate reads (what `mtprun.models.dims.ModelDims` knows)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = True  # Qwen2 and MiMo have q/k/v biases
+    mtp_layers: int = 0
+
+    def layer_params(self, tp: int) -> int:
+        """Parameters of one decoder layer on one tensor-parallel rank."""
+        h, f = self.hidden, _split(self.intermediate, tp)
+        qkv = self.q_width(tp) + 2 * self.kv_width(tp)
+        bias = qkv if self.qkv_bias else 0
+        # linear_qkv (+ bias), linear_proj, linear_fc1 (gate and up), linear_fc2, two norms.
+        return h * qkv + bias + self.q_width(tp) * h + 2 * f * h + f * h + 2 * h
+
+    def vocab_rows(self, tp: int) -> int:
+        """Rows of the embedding / output layer on one tensor-parallel rank."""
+        return padded_vocab(self.vocab, tp) // tp
+
+    def q_width(self, tp: int) -> int:
+        """Query channels on one tensor-parallel rank (whole heads)."""
+        return _split(self.heads, tp) * self.head_dim
+
+    def kv_width(self, tp: int) -> int:
+        """Key (or value) channels on one tensor-parallel rank."""
+        return _split(self.kv_heads, tp) * self.head_dim
+
+
+@dataclass(frozen=True)
+class TrainerMemory:
+    """Bytes one trainer rank holds on pipeline stage `stage` (0-based), its most loaded."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    head_loss: int
+    recompute: Recompute
+    stage: int
+    stages: int  # parallel.pp
+    layers: int  # decoder layers on the stage
+    in_flight: int  # micro batches whose activations the stage keeps at once (1F1B)
+    tokens: int  # tokens of one micro batch on this rank (micro_batch_tokens / cp)
+    bf16_weights: bool
+    optimizer_shards: int  # ranks the optimizer state is split over (dp x cp, or 1)
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts().values())
+
+    def parts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in PARTS}
+
+    def largest(self) -> str:
+        """The name of the largest part (one of PARTS)."""
+        parts = self.parts()
+        return max(parts, key=parts.__getitem__)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every part and the total in bytes, and how they were counted."""
+        return {
+            **self.parts(),
+            "total": self.total,
+            "recompute": self.recompute,
+            "pipeline_stage": self.stage,
+            "pipeline_stages": self.stages,
+            "layers": self.layers,
+            "micro_batches_in_flight": self.in_flight,
+            "tokens_per_micro_batch": self.tokens,
+            "bf16_weights": self.bf16_weights,
+            "optimizer_shards": self.optimizer_shards,
+        }
+
+
+def local_tokens(micro_batch_tokens: int, cp: int) -> int:
+    """Tokens of one micro batch on a context-parallel rank: it holds two of 2*cp chunks."""
+    return 2 * -(-micro_batch_tokens // (2 * cp))
+
+
+def estimate_trainer_memory(
+    size: ModelSize,
+    parallel: ParallelSection,
+    *,
+    dtype: str,
+    micro_batch_tokens: int,
+    recompute: Recompute = "none",
+    optimizer: Literal["adamw", "sgd"] = "adamw",
+    separate_mtp_optimizer: bool = False,
+    plan: HeadPlan | None = None,
+) -> TrainerMemory:
+    """Memory of one trainer rank on its most loaded pipeline stage (module docstring).
+
+    `plan` is the compiled head loss (its buffers count on the last stage); None leaves the
+    head loss out.
+    """
+    tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
+    act_bytes = _DTYPE_BYTES[dtype]
+    # The trainer's mixed-precision path: bf16 weights, the distributed optimizer. Anything else
+    # trains float32 weights with torch.optim (mtprun.runner.trainer: `mixed`).
+    bf16_weights = act_bytes == 2 and not separate_mtp_optimizer
+    shards = dp * cp if bf16_weights else 1
+    if bf16_weights:
+        state_bytes = _MASTER + (_ADAM_MOMENTS if optimizer == "adamw" else 0)
+    else:
+        state_bytes = _ADAM_MOMENTS if optimizer == "adamw" else 0  # SGD without momentum
+    tokens = local_tokens(micro_batch_tokens, cp)
+    head = 0
+    if plan is not None:
+        head = estimate_head_cost(
+            plan, rows=tokens, hidden=size.hidden, vocab=size.vocab, param_bytes=act_bytes
+        ).fused_bytes
+
+    candidates = []
+    for stage in range(pp):
+        trained, frozen = _stage_params(size, tp, pp, stage)
+        in_flight = pp - stage
+        last = stage == pp - 1
+        candidates.append(
+            TrainerMemory(
+                weights=(trained + frozen) * (2 if bf16_weights else 4),
+                gradients=trained * FLOAT32,
+                optimizer=-(-trained * state_bytes // shards),
+                activations=_activations(size, parallel, act_bytes, recompute, tokens, stage),
+                head_loss=head if last else 0,
+                recompute=recompute,
+                stage=stage,
+                stages=pp,
+                layers=_split(size.layers, pp),
+                in_flight=in_flight,
+                tokens=tokens,
+                bf16_weights=bf16_weights,
+                optimizer_shards=shards,
+            )
+        )
+    return max(candidates, key=lambda m: m.total)  # the first of equals: stage 0
+
+
+def _stage_params(size: ModelSize, tp: int, pp: int, stage: int) -> tuple[int, int]:
+    """(trained, frozen) parameters of pipeline stage `stage` on one tensor-parallel rank."""
+    h = size.hidden
+    layers = _split(size.layers, pp)  # pp divides the layers (a rule checks); ceil otherwise
+    trained = layers * size.layer_params(tp)
+    frozen = 0
+    embedding = size.vocab_rows(tp) * h
+    first, last = stage == 0, stage == pp - 1
+    if first:
+        trained += embedding
+    if last:
+        trained += h  # final norm
+        # Tied and one stage: the output layer is the embedding. Tied over stages: the last
+        # stage keeps a trained copy (gradients summed with the first's, see pp_layout).
+        if not size.tie_embeddings or pp > 1:
+            trained += embedding
+        # MiMo MTP layer: token/hidden/final norms, input_proj [h, 2h] (replicated over tp),
+        # one decoder layer.
+        trained += size.mtp_layers * (size.layer_params(tp) + 2 * h * h + 3 * h)
+        if size.mtp_layers and pp > 1 and not size.tie_embeddings:
+            frozen += embedding  # a frozen embedding copy for the MTP layers' lookups
+    return trained, frozen
+
+
+def _per_token_layer(size: ModelSize, parallel: ParallelSection, b: int, mode: Recompute) -> int:
+    """Bytes one decoder layer keeps for backward per token under recomputation `mode`."""
+    h, tp, cp = size.hidden, parallel.tp, parallel.cp
+    if mode == "full":
+        return h * b  # the layer's input (the residual stream is in the compute dtype)
+    q, kv, f = size.q_width(tp), size.kv_width(tp), _split(size.intermediate, tp)
+    kept = (
+        4 * h  # input_layernorm and pre_mlp_layernorm: input and output each
+        + q
+        + 2 * kv * cp  # q, k, v after RoPE; under cp the attention keeps the gathered k, v
+        + 2 * q  # the attention's output and the attention projection's input (a copy)
+    ) * b + FLOAT32 * _split(size.heads, tp)  # log-sum-exp per head and token
+    if mode == "none":
+        kept += 3 * f * b  # fc1 output (gate and up, 2 f) and the SwiGLU product (f)
+    return kept
+
+
+def _activations(
+    size: ModelSize,
+    parallel: ParallelSection,
+    b: int,
+    recompute: Recompute,
+    tokens: int,
+    stage: int,
+) -> int:
+    pp = parallel.pp
+    layers = _split(size.layers, pp)
+    per_micro_batch = layers * _per_token_layer(size, parallel, b, recompute)
+    if stage == pp - 1:
+        h = size.hidden
+        mtp_mode = "none" if recompute == "full" else recompute
+        per_micro_batch += 2 * h * b  # the final norm's input and output (the head's input)
+        per_micro_batch += size.mtp_layers * (
+            8 * h * b + _per_token_layer(size, parallel, b, mtp_mode)
+        )
+    total = tokens * (pp - stage) * per_micro_batch
+    if recompute == "full":
+        total += tokens * _per_token_layer(size, parallel, b, "none")  # the layer being rerun
+    return total
+
+
+def _split(n: int, parts: int) -> int:
+    return -(-n // parts)
+
+
+def model_size(recipe: Recipe) -> ModelSize | str:
+    """The recipe's model shape, or why it is unknown here (an HF folder not readable)."""
+    tiny = recipe.model.tiny
+    if tiny is not None:
+        tokenizer = _tokenizer_size(recipe) if tiny.vocab is None else 0
+        if tokenizer is None:
+            return "unknown: the tiny model's vocab is the tokenizer's, and no template is set"
+        return ModelSize(
+            hidden=tiny.hidden,
+            layers=tiny.layers,
+            heads=tiny.heads,
+            kv_heads=tiny.kv_heads,
+            head_dim=tiny.head_dim,
+            intermediate=tiny.intermediate,
+            vocab=tiny.vocab_size(tokenizer),
+            tie_embeddings=tiny.tie_embeddings,
+            mtp_layers=tiny.mtp_layers,
+        )
+    path = recipe.model.path or ""
+    from mtprun.models.dims import ModelDims
+
+    try:
+        dims = ModelDims.from_model_dir(Path(path))
+    except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
+        dims = None  # no config.json here, or one the converter refuses: the spec's shape
+    if dims is not None:
+        return ModelSize(
+            hidden=dims.hidden,
+            layers=dims.layers,
+            heads=dims.heads,
+            kv_heads=dims.kv_heads,
+            head_dim=dims.head_dim,
+            intermediate=dims.intermediate,
+            vocab=dims.vocab,
+            tie_embeddings=dims.tie_embeddings,
+            qkv_bias=dims.qkv_bias,
+            mtp_layers=dims.mtp_layers,
+        )
+    shape = folder_shape(path)
+    if shape is None or shape.vocab is None:
+        return f"unknown: {Path(path) / 'config.json'} not readable here"
+    return ModelSize(
+        hidden=shape.hidden,
+        layers=shape.layers,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.hidden // max(shape.heads, 1),
+        intermediate=shape.intermediate,
+        vocab=shape.vocab,
+        mtp_layers=shape.mtp_layers,
+    )
+
+
+def _tokenizer_size(recipe: Recipe) -> int | None:
+    section = recipe.data or recipe.task
+    if section is None:
+        return None
+    from mtprun.data.tokenizer import build_tokenizer
+
+    return len(build_tokenizer(section.template))
+
+
+def recipe_trainer_memory(recipe: Recipe, plan: HeadPlan | None = None) -> TrainerMemory | str:
+    """The estimate for `recipe` (its head loss from `plan`, compiled when not given), or why
+    it cannot be made here."""
+    size = model_size(recipe)
+    if isinstance(size, str):
+        return size
+    if plan is None:
+        from mtprun.compiler.compile import compile_recipe
+
+        plan = compile_recipe(recipe)
+    mtp = next((t for t in recipe.losses if t.kind == "mtp"), None)
+    return estimate_trainer_memory(
+        size,
+        recipe.parallel,
+        dtype=recipe.model.dtype,
+        micro_batch_tokens=recipe.trainer.micro_batch_tokens,
+        recompute=recipe.trainer.recompute,
+        optimizer=recipe.trainer.optimizer,
+        separate_mtp_optimizer=bool(getattr(mtp, "separate_optimizer", False)),
+        plan=plan,
+    )
+
+
+def over_budget_message(memory: TrainerMemory, gib: float, micro_batch_tokens: int) -> str:
+    """Why `memory` does not fit in `gib` GiB per GPU, and what to change."""
+    parts = memory.parts()
+    largest = memory.largest()
+    where = f" (pipeline stage {memory.stage} of {memory.stages})" if memory.stages > 1 else ""
+    breakdown = ", ".join(
+        f"{PART_LABELS[name]} {_gib(parts[name])}"
+        + (f" (recompute {memory.recompute})" if name == "activations" else "")
+        for name in PARTS
+    )
+    return (
+        f"the trainer needs an estimated {_gib(memory.total)} GiB per rank{where}, more than "
+        f"resources.gpu_memory_gib {gib:g}; {PART_LABELS[largest]} is the largest part "
+        f"({breakdown} GiB; `mtprun plan` shows how they are counted): "
+        + _remedy(memory, largest, micro_batch_tokens)
+    )
+
+
+def _remedy(memory: TrainerMemory, largest: str, micro_batch_tokens: int) -> str:
+    smaller = f"a smaller trainer.micro_batch_tokens (now {micro_batch_tokens})"
+    if largest == "activations":
+        options = []
+        if memory.recompute != "full":
+            options.append("trainer.recompute: full")
+        options += [smaller, "more parallel.tp or parallel.cp (they split each micro batch)"]
+        return "try " + ", ".join(options[:-1]) + " or " + options[-1]
+    if largest == "head_loss":
+        return f"try {smaller} or more parallel.tp (it splits the vocab)"
+    if largest == "optimizer" and memory.bf16_weights:
+        return (
+            "try more parallel.dp (the distributed optimizer shards its state over dp x cp) "
+            "or more parallel.tp or parallel.pp"
+        )
+    if largest == "optimizer":
+        return (
+            "try model.dtype: bfloat16 (bf16 weights and an optimizer state sharded over "
+            "dp x cp) or more parallel.tp or parallel.pp"
+        )
+    return "try more parallel.tp or parallel.pp (they split the weights and their gradients)"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
