@@ -98,13 +98,18 @@ class MegatronMixedPrecision:
         self.steps += 1
         return float(norm)
 
+    def _shards(self) -> list[Any]:
+        """The distributed optimizers inside get_megatron_optimizer's chain (one per
+        parameter-group kind: dense, and expert parameters where there are any)."""
+        return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
+
     def state_dict(self) -> dict[str, Any]:
         """The optimizer's settings, and its master weights and Adam state gathered from the
         data-parallel ranks on the first of them (None on the others). Every data-parallel
         rank must call it (it gathers)."""
         return {
             "optimizer": self.optimizer.state_dict(),
-            "param_state": self.optimizer.get_parameter_state_dp_zero(),
+            "param_state": [shard.get_parameter_state_dp_zero() for shard in self._shards()],
             "steps": self.steps,
         }
 
@@ -112,5 +117,6 @@ class MegatronMixedPrecision:
         """Inverse of state_dict: the first data-parallel rank's state is scattered to all
         (every data-parallel rank must call it)."""
         self.optimizer.load_state_dict(state["optimizer"])
-        self.optimizer.load_parameter_state_from_dp_zero(state["param_state"])
+        for shard, param_state in zip(self._shards(), state["param_state"], strict=True):
+            shard.load_parameter_state_from_dp_zero(param_state)
         self.steps = int(state["steps"])

@@ -25,8 +25,9 @@ class TrainerSection(Section):
         "none",
         description=(
             "Activation recomputation in backward: none keeps every activation; selective "
-            "recomputes the core attention of each layer; full keeps only each decoder "
-            "layer's input and recomputes the layer (least memory, ~1/3 more compute)."
+            "recomputes each layer's MLP (its FFN activations are the largest); full keeps "
+            "only each decoder layer's input and recomputes the layer (least memory, ~1/3 "
+            "more compute)."
         ),
     )
     grad_clip: float | None = Field(
