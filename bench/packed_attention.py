@@ -1,5 +1,6 @@
-"""Packed causal attention on the GPU: the trainer's FlexAttention block mask against torch's
-varlen flash attention, SDPA on a padded [B, S] batch and the old dense [T, T] mask.
+"""Packed causal attention on the GPU: the trainer's FlexAttention block mask (with and without
+kernel hints and autotuning) against torch's varlen flash attention, cuDNN's ragged attention,
+SDPA on a padded [B, S] batch (default, flash and cuDNN backends) and the old dense mask.
 
 One attention layer, forward + backward, over `--tokens` packed tokens of equal sequences,
 bf16, Qwen2.5-1.5B's heads (12 query / 2 key-value heads of 128). Prints one JSON line per
@@ -18,6 +19,8 @@ import json
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import flex_attention
 from triton.testing import do_bench
 
 from mtprun.runner.attention import _compiled_flex_attention, packed_block_mask
@@ -47,13 +50,36 @@ def _fwd_bwd_ms(fn, inputs: list[torch.Tensor]) -> float:
     return do_bench(step, warmup=50, rep=300, return_mode="median")
 
 
-def flex(tokens: int, seq: int) -> float:
+def _flex(tokens: int, seq: int, options: dict | None = None, mode: str | None = None) -> float:
     cu = torch.arange(0, tokens + 1, seq, dtype=torch.int32)
     mask = packed_block_mask(cu, TokenShard(0, 1, tokens), "cuda")
     attend = _compiled_flex_attention()
+    if mode:
+        attend = torch.compile(flex_attention, dynamic=True, mode=mode)
     return _fwd_bwd_ms(
-        lambda q, k, v: attend(q, k, v, block_mask=mask, enable_gqa=True), _inputs(tokens)
+        lambda q, k, v: attend(q, k, v, block_mask=mask, enable_gqa=True, kernel_options=options),
+        _inputs(tokens),
     )
+
+
+def flex(tokens: int, seq: int) -> float:
+    return _flex(tokens, seq)
+
+
+# Every query sees at least itself, and the keys a query block sees are one run of blocks.
+PACKED_CAUSAL = {"ROWS_GUARANTEED_SAFE": True, "BLOCKS_ARE_CONTIGUOUS": True}
+
+
+def flex_packed_causal(tokens: int, seq: int) -> float:
+    return _flex(tokens, seq, PACKED_CAUSAL)
+
+
+def flex_tma(tokens: int, seq: int) -> float:
+    return _flex(tokens, seq, {**PACKED_CAUSAL, "USE_TMA": True})
+
+
+def flex_autotuned(tokens: int, seq: int) -> float:
+    return _flex(tokens, seq, PACKED_CAUSAL, mode="max-autotune-no-cudagraphs")
 
 
 def varlen(tokens: int, seq: int) -> float:
@@ -80,15 +106,61 @@ def varlen(tokens: int, seq: int) -> float:
     return _fwd_bwd_ms(attend, inputs)
 
 
-def sdpa(tokens: int, seq: int) -> float:
+def _sdpa(tokens: int, seq: int, backend: SDPBackend | None = None) -> float:
     inputs = [
         t.detach().view(tokens // seq, t.shape[1], seq, DIM).requires_grad_()
         for t in _inputs(tokens)
     ]
-    return _fwd_bwd_ms(
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
-        inputs,
-    )
+
+    def attend(q, k, v):
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        k, v = (t.repeat_interleave(HEADS // GROUPS, 1) for t in (k, v))
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return _fwd_bwd_ms(attend, inputs)
+
+
+def sdpa(tokens: int, seq: int) -> float:
+    return _sdpa(tokens, seq)
+
+
+def sdpa_flash(tokens: int, seq: int) -> float:
+    return _sdpa(tokens, seq, SDPBackend.FLASH_ATTENTION)
+
+
+def sdpa_cudnn(tokens: int, seq: int) -> float:
+    return _sdpa(tokens, seq, SDPBackend.CUDNN_ATTENTION)
+
+
+def cudnn_ragged(tokens: int, seq: int) -> float:
+    """cuDNN's packed (ragged) causal attention through aten's op with cumulative sequence
+    offsets, keys and values repeated to the query heads; forward + backward ops called
+    directly (no autograd wrapper), output checked against SDPA on the padded batch."""
+    aten = torch.ops.aten
+    cu = torch.arange(0, tokens + 1, seq, dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(tokens, HEADS, DIM, device="cuda", dtype=torch.bfloat16) for _ in "qkv")
+    grad = torch.randn_like(q)
+    unused = torch.empty(0, device="cuda")
+
+    def forward():
+        return aten._cudnn_attention_forward(q, k, v, None, cu, cu, seq, seq, True, 0.0, True)
+
+    out = forward()[0]
+    padded = [t.view(-1, seq, HEADS, DIM).transpose(1, 2) for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*padded, is_causal=True).transpose(1, 2).reshape_as(q)
+    error = (out.float() - want.float()).abs().max().item()
+    if error > 0.05:
+        raise AssertionError(f"cuDNN ragged output differs from SDPA by {error:.3g}")
+
+    def step():
+        out, lse, _, _, _, _, seed, offset, _ = forward()
+        aten._cudnn_attention_backward(
+            grad, q, k, v, out, lse, seed, offset, unused, cu, cu, seq, seq, 0.0, True
+        )
+
+    return do_bench(step, warmup=50, rep=300, return_mode="median")
 
 
 def dense(tokens: int, seq: int, micro: int = 4096) -> float:
@@ -107,7 +179,18 @@ def dense(tokens: int, seq: int, micro: int = 4096) -> float:
     return _fwd_bwd_ms(attend, [q, k, v]) * tokens / micro
 
 
-KERNELS = {"flex (trainer)": flex, "varlen_attn": varlen, "sdpa [B, S]": sdpa, "dense mask": dense}
+KERNELS = {
+    "flex (trainer)": flex,
+    "flex, packed-causal hints": flex_packed_causal,
+    "flex, hints + TMA": flex_tma,
+    "flex, hints, max-autotune": flex_autotuned,
+    "varlen_attn": varlen,
+    "cudnn ragged": cudnn_ragged,
+    "sdpa [B, S]": sdpa,
+    "sdpa [B, S] flash": sdpa_flash,
+    "sdpa [B, S] cudnn": sdpa_cudnn,
+    "dense mask": dense,
+}
 
 
 def main() -> None:

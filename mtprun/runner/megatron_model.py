@@ -41,9 +41,14 @@ def transformer_config(
     pp: int = 1,
     recompute: Recompute = "none",
     dtype: torch.dtype = torch.float32,
+    fused: bool = False,
 ) -> TransformerConfig:
     """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages, with
-    `dtype` weights; fusions off so CPU paths are taken.
+    `dtype` weights; fusions that need Transformer Engine or Apex off.
+
+    `fused` (CUDA) turns on megatron-core's SwiGLU fusion, which torch.compile builds: one
+    kernel for silu(a) * b and one for its gradient instead of a strided kernel per op over
+    the [T, 2 ffn] activation. CPUs keep the eager ops (no C++ toolchain needed, tiny sizes).
 
     `recompute: selective` is Megatron-core's selective recomputation of each layer's MLP:
     its largest activations (2 x ffn + ffn per token) go, attention's stay. Core attention is
@@ -74,7 +79,7 @@ def transformer_config(
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         perform_initialization=False,  # weights come from the HF checkpoint
-        bias_activation_fusion=False,
+        bias_activation_fusion=fused,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -143,9 +148,10 @@ class PolicyModel(GPTModel):
         stage: PipelineStage | None = None,
         recompute: Recompute = "none",
         dtype: torch.dtype = torch.float32,
+        fused: bool = False,
     ) -> None:
         stage = stage or PipelineStage(0, 1, dims.layers)
-        config = transformer_config(dims, stage.size, recompute, dtype)
+        config = transformer_config(dims, stage.size, recompute, dtype, fused)
         super().__init__(
             config=config,
             transformer_layer_spec=decoder_layer_spec(),
@@ -324,8 +330,9 @@ def load_policy_model(
 ) -> PolicyModel:
     """The HF folder's model as a PolicyModel on `device` with `dtype` weights, holding this
     TP rank's shards of pipeline `stage` (None: the whole model), with `recompute` (see
-    transformer_config)."""
-    model = PolicyModel(dims, stage, recompute, dtype).to(device=device, dtype=dtype)
+    transformer_config) and the fusions of a CUDA device."""
+    fused = torch.device(device).type == "cuda"
+    model = PolicyModel(dims, stage, recompute, dtype, fused).to(device=device, dtype=dtype)
     weights = hf_to_megatron(
         read_hf_weights(model_dir), dims, tp_rank, tp_size, source=str(model_dir)
     )

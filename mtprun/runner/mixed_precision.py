@@ -70,6 +70,8 @@ class MegatronMixedPrecision:
             ),
             [self.ddp],
         )
+        for shard in self._shards():
+            _fuse_adam(shard.optimizer)
         self.steps = 0
 
     @property
@@ -120,3 +122,13 @@ class MegatronMixedPrecision:
         for shard, param_state in zip(self._shards(), state["param_state"], strict=True):
             shard.load_parameter_state_from_dp_zero(param_state)
         self.steps = int(state["steps"])
+
+
+def _fuse_adam(optimizer: torch.optim.Optimizer) -> None:
+    """Step a torch Adam(W) with its fused CUDA kernel (one launch per parameter group)
+    instead of a foreach sweep per arithmetic op. Megatron-core builds torch.optim.AdamW
+    without `fused` when neither Transformer Engine nor Apex is installed; torch reads the
+    flag per group at every step, and the master weights it steps are float32 on the GPU."""
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
+        for group in optimizer.param_groups:
+            group.update(fused=True, foreach=False)
