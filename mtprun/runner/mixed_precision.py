@@ -120,7 +120,15 @@ class MegatronMixedPrecision:
         (every data-parallel rank must call it)."""
         self.optimizer.load_state_dict(state["optimizer"])
         for shard, param_state in zip(self._shards(), state["param_state"], strict=True):
+            # Without Apex/TE, megatron-core's load adds torch Adam's per-parameter `step`
+            # (a CPU scalar) to the state, then copies every state key from the gathered
+            # shards, which hold no `step`: set it aside, and back on the parameter's device
+            # (where the fused kernel reads it).
+            inner = shard.optimizer.state
+            steps = {p: inner[p].pop("step") for p in list(inner) if "step" in inner[p]}
             shard.load_parameter_state_from_dp_zero(param_state)
+            for param, step in steps.items():
+                inner[param]["step"] = step.to(device=param.device, dtype=torch.float32)
         self.steps = int(state["steps"])
 
 
