@@ -3,7 +3,9 @@
 A micro batch is one packed row of sequences; a query sees the keys of its own sequence up
 to itself. `packed_attention_mask` describes that once per micro batch, for the local
 queries of a context-parallel rank against the gathered keys of every rank
-(`TokenShard.key_positions` order), and `PackedAttention` applies it:
+(`TokenShard.key_positions` order). `PackedAttention` takes it with the rows' rotary angles
+(`PackedRows`), rotates q and k (one compiled kernel on CUDA instead of Megatron's eight
+unfused ops per tensor) and applies the mask:
 
 - CUDA: FlexAttention with a block mask built from the sequences' extents. Block pairs that
   cross no sequence boundary and lie under the diagonal are full (no mask evaluated), pairs
@@ -129,6 +131,35 @@ def packed_attention_mask(
     return packed_causal_mask(cu_seqlens, shard, device)
 
 
+@dataclass(frozen=True)
+class PackedRows:
+    """A packed micro batch as each layer's core attention needs it: `mask` from
+    `packed_attention_mask`, and the rotary angles of the local tokens ([T_local, 1, 1, d]
+    float32, Megatron's table indexed by position id). Passed as the layer's attention mask,
+    with no rotary table, so that Megatron's unfused RoPE does not run."""
+
+    mask: torch.Tensor | BlockMask
+    angles: torch.Tensor
+
+
+def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """RoPE in the half-split layout (Megatron's and HF's): x cos + rotate_half(x) sin, with
+    cos and sin in x's dtype, the same ops as Megatron's unfused path. x [T, 1, heads, d],
+    angles [T, 1, 1, d]."""
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat((-x2, x1), -1) * sin
+
+
+def _rotate_qk(query, key, angles):
+    return rotate(query, angles), rotate(key, angles)
+
+
+@cache
+def _compiled_rotate_qk():
+    return torch.compile(_rotate_qk, dynamic=True)
+
+
 @cache
 def _compiled_flex_attention():
     # Packed micro batches differ in length: one dynamic-shape kernel serves them all.
@@ -140,21 +171,27 @@ class PackedAttention(DotProductAttention):
     rank of the context-parallel group.
 
     Inputs (Megatron's layout): query [T_local, 1, heads, d], key and value [T_local, 1,
-    groups, d] for this rank's tensor-parallel heads; `attention_mask` from
-    `packed_attention_mask`. Output [T_local, 1, heads * d]. Under context parallelism the
-    keys and values of the cp ranks are all-gathered first (one collective per layer; the
-    backward sums their gradients, see `gather_keys`).
+    groups, d] for this rank's tensor-parallel heads; `attention_mask` a `PackedRows` (q and
+    k not yet rotated), or a mask alone under Megatron's own forward. Output [T_local, 1,
+    heads * d]. Under context parallelism the rotated keys and the values of the cp ranks
+    are all-gathered (one collective per layer; the backward sums their gradients, see
+    `gather_keys`).
     """
 
     def forward(self, query, key, value, attention_mask, *args: Any, **kwargs: Any):
+        mask = attention_mask
+        if isinstance(attention_mask, PackedRows):
+            rotate_qk = _compiled_rotate_qk() if query.is_cuda else _rotate_qk
+            query, key = rotate_qk(query, key, attention_mask.angles)
+            mask = attention_mask.mask
+        # else: Megatron's own GPTModel.forward, which rotated q and k itself
         cp = parallel_state.get_context_parallel_world_size()
         if cp > 1:
             group = parallel_state.get_context_parallel_group()
-            width = _key_length(attention_mask) // cp
-            key, value = gather_keys(key, value, width, group)
-        if isinstance(attention_mask, BlockMask):
-            return _flex(query, key, value, attention_mask)
-        return super().forward(query, key, value, attention_mask, *args, **kwargs)
+            key, value = gather_keys(key, value, _key_length(mask) // cp, group)
+        if isinstance(mask, BlockMask):
+            return _flex(query, key, value, mask)
+        return super().forward(query, key, value, mask, *args, **kwargs)
 
 
 def _key_length(mask: torch.Tensor | BlockMask) -> int:

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
-from mtprun.runner.attention import PackedAttention, packed_attention_mask
+from mtprun.runner.attention import PackedAttention, PackedRows, packed_attention_mask
 from mtprun.runner.context_parallel import TokenShard
 
 Recompute = Literal["none", "selective", "full"]
@@ -122,16 +122,11 @@ class MiMoMTPLayer(torch.nn.Module):
         self,
         hidden: torch.Tensor,
         token_emb: torch.Tensor,
-        attention_mask: torch.Tensor,
-        rotary_pos_emb: torch.Tensor,
+        rows: PackedRows,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, 1, H] inputs -> (output before the final norm, output after it)."""
         joint = torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(token_emb)], -1)
-        out, _ = self.decoder_layer(
-            hidden_states=self.input_proj(joint),
-            attention_mask=attention_mask,
-            rotary_pos_emb=rotary_pos_emb,
-        )
+        out, _ = self.decoder_layer(hidden_states=self.input_proj(joint), attention_mask=rows)
         return out, self.final_layernorm(out)
 
 
@@ -208,7 +203,7 @@ class PolicyModel(GPTModel):
         The first stage starts from the embedding, the others from the tensor the pipeline
         schedule received (`set_input_tensor`). Under context parallelism the inputs are
         `shard`'s tokens of the row that `cu_seqlens` describes (None: all of them)."""
-        hidden, _, _ = self._decoder(input_ids, position_ids, cu_seqlens, shard)
+        hidden, _ = self._decoder(input_ids, position_ids, cu_seqlens, shard)
         return hidden
 
     def hidden_states(
@@ -229,38 +224,41 @@ class PolicyModel(GPTModel):
         (never under context parallelism: row t+k may sit on another rank). `shard` as in
         `stage_hidden`.
         """
-        hidden, mask, rope = self._decoder(input_ids, position_ids, cu_seqlens, shard)
+        hidden, rows = self._decoder(input_ids, position_ids, cu_seqlens, shard)
         final = self.decoder.final_layernorm(hidden)
-        return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, mask, rope)
+        return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, rows)
 
     def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
         shard = shard or TokenShard(0, 1, input_ids.numel())
-        mask = packed_attention_mask(cu_seqlens, shard, input_ids.device)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
         # packed_seq: rows are indexed by position id here, so Megatron must not cut the
         # table for a context-parallel rank itself.
         table = self.rotary_pos_emb(self.max_sequence_length, packed_seq=True)
-        rope = table.to(position_ids.device)[position_ids]
+        rows = PackedRows(
+            mask=packed_attention_mask(cu_seqlens, shard, input_ids.device),
+            angles=table.to(position_ids.device)[position_ids],
+        )
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
         else:
             hidden = self.decoder.input_tensor
-        return self._run_layers(hidden, mask, rope), mask, rope
+        return self._run_layers(hidden, rows), rows
 
-    def _run_layers(self, hidden, mask, rope) -> torch.Tensor:
+    def _run_layers(self, hidden, rows: PackedRows) -> torch.Tensor:
         """The decoder layers; under `recompute: full` each keeps only its input for backward
         and runs again there. torch's non-reentrant checkpoint, not Megatron's: it carries
-        the block mask (not a tensor) and the layers use no dropout, so no RNG to replay."""
+        the block mask (not a tensor) and the layers use no dropout, so no RNG to replay.
+        The layers get no rotary table: the core attention rotates q and k (`PackedRows`)."""
         full = self.recompute == "full" and torch.is_grad_enabled()
         for layer in self.decoder.layers:
-            kwargs = {"hidden_states": hidden, "attention_mask": mask, "rotary_pos_emb": rope}
+            kwargs = {"hidden_states": hidden, "attention_mask": rows}
             if full:
                 hidden, _ = checkpoint(layer, use_reentrant=False, **kwargs)
             else:
                 hidden, _ = layer(**kwargs)
         return hidden
 
-    def _mtp_hidden(self, trunk_hidden, targets, position_ids, mask, rope) -> list[torch.Tensor]:
+    def _mtp_hidden(self, trunk_hidden, targets, position_ids, rows) -> list[torch.Tensor]:
         if targets is None:
             return []
         previous = trunk_hidden.detach()
@@ -271,7 +269,7 @@ class PolicyModel(GPTModel):
                 emb = self.embedding(input_ids=next_tokens[None], position_ids=position_ids[None])
                 # vLLM's MiMo drafter zeroes the token embedding at position 0: do the same.
                 emb = emb.masked_fill((position_ids == 0)[:, None, None], 0.0)
-            previous, normed = layer(previous, emb, mask, rope)
+            previous, normed = layer(previous, emb, rows)
             outputs.append(normed[:, 0])
         return outputs
 
