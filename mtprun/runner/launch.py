@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from mtprun.runner.driver import Driver
 from mtprun.runner.progress import close_logging, setup_logging
 from mtprun.runner.run_dir import RunDir
+from mtprun.runner.run_lock import RunFolderError, RunLock
 from mtprun.runner.stages import plan_stages
 from mtprun.runner.tracking import Tracker, flatten, git_commit
 from mtprun.spec import Recipe
 
 log = logging.getLogger("mtprun")
 
-
-class RunFolderError(RuntimeError):
-    """The run folder cannot be used as asked; the message says what to do instead."""
+__all__ = ["RunFolderError", "resume_run", "start_run"]
 
 
 def start_run(recipe: Recipe, recipe_text: str, ray_address: str | None, console: Console) -> int:
-    """A new run in `recipe.run_dir`, which must not hold one yet."""
+    """A new run in `recipe.run_dir`, which must not hold one yet; the folder stays locked
+    (RunLock) until the run ends."""
     run_dir = RunDir(Path(recipe.run_dir))
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir.root).acquire("mtprun run"):
+        return _start_locked(recipe, recipe_text, run_dir, ray_address, console)
+
+
+def _start_locked(
+    recipe: Recipe, recipe_text: str, run_dir: RunDir, ray_address: str | None, console: Console
+) -> int:
     if run_dir.has_run():
         raise RunFolderError(
             f"{run_dir.root} already holds a run; continue it with `mtprun resume "
@@ -75,6 +84,13 @@ def resume_run(path: Path, ray_address: str | None, console: Console) -> int:
     """Continue the run in `path` from its newest checkpoint, into the same MLflow run."""
     run_dir = RunDir(path)
     state = run_dir.read_state()
+    with RunLock(run_dir.root).acquire("mtprun resume"):
+        return _resume_locked(run_dir, state, ray_address, console)
+
+
+def _resume_locked(
+    run_dir: RunDir, state: dict[str, Any], ray_address: str | None, console: Console
+) -> int:
     recipe = Recipe.model_validate_json(run_dir.recipe_json.read_text())
     setup_logging(run_dir.log_file, console)
     try:
