@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     from mtprun.runner.launch import RunFolderError, resume_run, start_run
     from mtprun.runner.run_dir import RunDir
+    from mtprun.runner.tracking import TrackingUnavailable
 
     recipe = check.recipe
     text = Path(args.recipe).read_text()
@@ -58,3 +59,6 @@ def run(args: argparse.Namespace) -> int:
     except RunFolderError as err:  # also RunFolderLocked: another process owns the folder
         print(f"mtprun run: {err}", file=sys.stderr)
         return EXIT_INVALID
+    except TrackingUnavailable as err:  # a new run needs its MLflow run created
+        print(f"mtprun run: {err}", file=sys.stderr)
+        return 1

@@ -45,6 +45,7 @@ _SUMMARY = {
     "train/loss": "loss",
     "response/length": "length",
     "time/step_s": "s/step",
+    "tracking/backlog": "tracking/backlog",
 }
 
 
@@ -85,9 +86,7 @@ class Driver:
             self._shutdown()
             self.stop.uninstall()
         if self.stop.requested:
-            self.tracker.finish(
-                "KILLED", f"stopped by {self.stop.requested} after step {self.step}"
-            )
+            self._finish("KILLED", f"stopped by {self.stop.requested} after step {self.step}")
             log.warning(
                 "stopped after step %d; continue with: mtprun resume %s",
                 self.step,
@@ -98,7 +97,7 @@ class Driver:
             self.run_dir.checkpoints, self.step, self.run_dir.exports / "final"
         )
         self.tracker.set_tags({"mtprun.export": str(final)})
-        self.tracker.finish("FINISHED")
+        self._finish("FINISHED")
         log.info("finished %d steps; policy exported to %s", self.step, final)
         log.info("see the run in MLflow: mtprun ui %s", self.run_dir.root)
         return EXIT_OK
@@ -113,10 +112,15 @@ class Driver:
         log.error("run %s at step %d: %s", status.lower(), self.step, text)
         log.debug("%s", "".join(traceback.format_exception(err)))
         try:
-            self.tracker.finish(status, text)
+            self._finish(status, text)
         except Exception as tracking_err:  # the error itself matters more
             log.error("could not mark the MLflow run %s: %s", status, tracking_err)
         return EXIT_STOPPED if status == "KILLED" else EXIT_FAILED
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        """The run's final status and error into the spool, then at most
+        tracking.flush_timeout_s of uploading: a dead server never holds the exit."""
+        self.tracker.finish(status, error, timeout=self.recipe.tracking.flush_timeout_s)
 
     def _ensure_model(self) -> None:
         """The run's initial HF folder: the recipe's model.path, or a tiny model built here."""
@@ -175,7 +179,7 @@ class Driver:
                 step,
                 checkpoint.step_dir(self.run_dir.checkpoints, step),
             )
-        last_logged = self.tracker.last_logged_step("train/loss")
+        last_logged = self.tracker.last_logged_step()
         if last_logged > self.step:
             # Only a hard kill gets here (a graceful stop checkpoints its last step): the steps
             # after the checkpoint run again and keep the metrics MLflow already has.
@@ -218,7 +222,7 @@ class Driver:
             step = self.step + 1
             result = run_step(step)
             self._commit(step, result)
-            progress.step_done(bar, summary_line(step, result.metrics, _SUMMARY))
+            progress.step_done(bar, summary_line(step, self._progress_metrics(result), _SUMMARY))
             if every and step % every == 0:
                 self._save()
         self._save()  # stage end, or a graceful stop: the next attempt continues right here
@@ -265,6 +269,12 @@ class Driver:
                 self.tracker.log_text(result.samples, f"samples/step_{step:06d}.txt")
         log.debug("step %d: %s", step, result.metrics)
         self.step = step
+
+    def _progress_metrics(self, result: StepResult) -> dict[str, float]:
+        """The step's metrics, and the tracking backlog while the server is unreachable."""
+        if self.tracker.outage is None:
+            return result.metrics
+        return {**result.metrics, "tracking/backlog": float(self.tracker.backlog)}
 
     def _save(self) -> None:
         if self.saved_step == self.step or self.trainer is None:

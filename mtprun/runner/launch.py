@@ -12,6 +12,7 @@ from mtprun.runner.driver import Driver
 from mtprun.runner.progress import close_logging, setup_logging
 from mtprun.runner.run_dir import RunDir
 from mtprun.runner.run_lock import RunFolderError, RunLock
+from mtprun.runner.spool import Spool
 from mtprun.runner.stages import plan_stages
 from mtprun.runner.tracking import Tracker, flatten, git_commit
 from mtprun.spec import Recipe
@@ -59,6 +60,7 @@ def _start_locked(
                 "mtprun.run_dir": str(run_dir.root),
             },
             artifact_root=run_dir.artifact_root if local_store else None,
+            spool=_spool(run_dir, recipe),
         )
         run_dir.write_state(
             {"tracking_uri": uri, "run_id": tracker.run_id, "experiment_id": tracker.experiment_id}
@@ -94,11 +96,20 @@ def _resume_locked(
     recipe = Recipe.model_validate_json(run_dir.recipe_json.read_text())
     setup_logging(run_dir.log_file, console)
     try:
-        tracker = Tracker.reopen(state["tracking_uri"], state["run_id"])
+        spool = _spool(run_dir, recipe)
+        if spool.backlog:
+            log.info("tracking: uploading %d record(s) a previous attempt left", spool.backlog)
+        tracker = Tracker.reopen(
+            state["tracking_uri"], state["run_id"], state.get("experiment_id", ""), spool
+        )
         log.info("resuming run %s in %s (MLflow run %s)", recipe.name, run_dir.root, tracker.run_id)
         return Driver(recipe, run_dir, tracker, console).execute(ray_address)
     finally:
         close_logging()
+
+
+def _spool(run_dir: RunDir, recipe: Recipe) -> Spool:
+    return Spool(run_dir.tracking_spool, recipe.tracking.spool_limit_mib << 20)
 
 
 def _absolute_tracking_uri(uri: str) -> str:
