@@ -205,7 +205,7 @@ def sync_spool(run_root: Path, timeout: float) -> tuple[int, int]:
     fail_fast_http()
     spool = Spool(run_dir.tracking_spool)
     client = MlflowClient(tracking_uri=state["tracking_uri"])
-    writer = TrackingWriter(spool, client, state["run_id"])
+    writer = TrackingWriter(spool, client, state["run_id"], meanwhile="retrying until --timeout")
     try:
         writer.start().close(timeout)
     finally:

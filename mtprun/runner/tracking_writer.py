@@ -40,9 +40,15 @@ class TrackingWriter:
     """Uploads `spool` into MLflow run `run_id` from a daemon thread."""
 
     def __init__(
-        self, spool: Spool, client: MlflowClient, run_id: str, max_retry_s: float = 10.0
+        self,
+        spool: Spool,
+        client: MlflowClient,
+        run_id: str,
+        max_retry_s: float = 10.0,
+        meanwhile: str = "training goes on",
     ) -> None:
         self.spool = spool
+        self.meanwhile = meanwhile  # what the outage warning says happens in the meantime
         self.client = client
         self.run_id = run_id
         self.max_retry_s = max_retry_s
@@ -115,12 +121,13 @@ class TrackingWriter:
     def _on_outage(self, err: Exception) -> None:
         if self.outage is None:  # one warning per outage, not one per retry
             log.warning(
-                "tracking: MLflow at %s unreachable (%s); training goes on, %d record(s) wait "
-                "in %s and upload when it is back",
+                "tracking: MLflow at %s unreachable; %s, %d record(s) wait in %s and upload "
+                "when it is back (%s)",
                 self.client.tracking_uri,
-                _short(err),
+                self.meanwhile,
                 self.spool.backlog,
                 self.spool.path,
+                _short(err),
             )
         self.outage = _short(err)
 

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from mtprun.cli import main
 from mtprun.runner.run_dir import RunDir
+from mtprun.runner.run_lock import RunLock
 from mtprun.runner.spool import Spool
 from mtprun.runner.tracking import Tracker
 from mtprun.runner.tracking_writer import upload
@@ -215,3 +217,17 @@ def test_the_spool_keeps_order_survives_a_torn_tail_and_stays_bounded(tmp_path):
     reopened.commit(offsets[-1], 3, 3)
     assert reopened.backlog == 0 and reopened.path.stat().st_size == 0
     assert Spool(tmp_path).last_step == 3  # known after the file is emptied
+
+
+def test_a_new_run_without_its_server_exits_1_and_can_start_again(tmp_path, capsys):
+    """Only the start needs the server (it creates the MLflow run); the folder stays usable."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel: {tiny: {architecture: qwen2, hidden: 64, heads: 2, kv_heads: 1}}\n"
+        f"data: {{source: arithmetic}}\ntracking: {{uri: 'http://127.0.0.1:{free_port()}'}}\n"
+        f"run_dir: {tmp_path / 'run'}\n"
+    )
+    assert main(["run", str(recipe)]) == 1
+    assert "cannot create the MLflow run at http://127.0.0.1:" in capsys.readouterr().err
+    assert not RunDir(tmp_path / "run").has_run()
+    RunLock(tmp_path / "run").acquire().release()  # released on the way out
