@@ -18,6 +18,7 @@ crash can lose the newest records, as it can lose the newest steps of the run it
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -54,12 +55,17 @@ class Spool:
 
     def append(self, record: Record, essential: bool = False) -> bool:
         """Add a record; False (and nothing written) when it would push the backlog past
-        `limit_bytes`, unless `essential` (run status: a few bytes that must never be lost)."""
+        `limit_bytes`, unless `essential` (run status: a few bytes that must never be lost).
+        OSError (disk full) leaves the spool as it was."""
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         with self._lock:
             if not essential and self._size - self._offset + len(line) > self.limit_bytes:
                 return False
-            self._out.write(line)  # one write: a kill leaves whole lines or one torn tail
+            try:
+                _write_all(self._out, line)  # a kill leaves whole lines and one torn tail
+            except OSError:  # disk full: leave no partial line for the next record to join
+                os.ftruncate(self._out.fileno(), self._size)
+                raise
             self._size += len(line)
             self._pending += 1
             self._last_step = max(self._last_step, _step_of(record))
@@ -139,6 +145,12 @@ class Spool:
             os.truncate(self.path, 0)
             self._offset, self._uploaded_step = 0, cursor.get("last_step", 0)
             self._write_cursor()
+
+
+def _write_all(out: io.RawIOBase, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view) :]
 
 
 def _parse(line: bytes) -> Record:

@@ -66,7 +66,7 @@ class Tracker:
         self.run_id = run_id
         self.experiment_id = experiment_id
         self.spool = spool
-        self._dropping = False  # the spool is full: said once
+        self._dropped = 0  # records dropped since the spool last took one
         self.writer = TrackingWriter(spool, client, run_id).start()
 
     @classmethod
@@ -170,16 +170,24 @@ class Tracker:
         return drained
 
     def _append(self, record: dict[str, Any], essential: bool = False) -> None:
-        if self.spool.append(record, essential):
-            self.writer.wake()
-        elif not self._dropping:
-            self._dropping = True
-            log.error(
-                "tracking: the spool %s is full (%d bytes of backlog); new records are dropped "
-                "until the server takes some (tracking.spool_limit_mib)",
-                self.spool.path,
-                self.spool.limit_bytes,
+        try:
+            kept = self.spool.append(record, essential)
+        except OSError as err:  # tracking must not be what stops training
+            kept = False
+            reason = f"cannot write {self.spool.path}: {err}"
+        else:
+            reason = (
+                f"the backlog reached tracking.spool_limit_mib ({self.spool.limit_bytes >> 20} MiB)"
             )
+        if kept:
+            self.writer.wake()
+            if self._dropped:
+                log.warning("tracking: recording again after dropping %d record(s)", self._dropped)
+                self._dropped = 0
+            return
+        if not self._dropped:  # said once per episode, not once a step
+            log.error("tracking: %s; new records are dropped until there is room", reason)
+        self._dropped += 1
 
 
 class TrackingUnavailable(RuntimeError):

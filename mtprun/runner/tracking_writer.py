@@ -54,7 +54,8 @@ class TrackingWriter:
         self.max_retry_s = max_retry_s
         self.outage: str | None = None  # why the last upload failed, while it is failing
         self.uploaded = 0  # records uploaded by this writer
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # new records (ignored while backing off)
+        self._retry_now = threading.Event()  # closing: cut the current back-off short
         self._closing = False
         self._abandon = False
         self._thread = threading.Thread(target=self._loop, name="mtprun-tracking", daemon=True)
@@ -74,10 +75,12 @@ class TrackingWriter:
         deadline = time.monotonic() + timeout
         self._closing = True
         self._wake.set()
+        self._retry_now.set()
         while self.spool.backlog and self._thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         self._abandon = True
         self._wake.set()
+        self._retry_now.set()
         self._thread.join(timeout=0.5)
         return self.spool.backlog == 0
 
@@ -92,12 +95,21 @@ class TrackingWriter:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
-            if self._upload_some():
+            if self._try_upload():
                 delay = 1.0
                 continue
-            self._wake.wait(delay)  # retry after the delay, or at once when closing
-            self._wake.clear()
+            # New records do not cut a back-off short (a step each would each try a dead
+            # server); closing does, once.
+            self._retry_now.wait(delay)
+            self._retry_now.clear()
             delay = min(delay * 2, self.max_retry_s)
+
+    def _try_upload(self) -> bool:
+        try:
+            return self._upload_some()
+        except Exception as err:  # e.g. the cursor cannot be written: log, retry later
+            log.error("tracking: the writer failed: %s", _short(err), exc_info=True)
+            return False
 
     def _upload_some(self) -> bool:
         """Upload the next group of records; False on a failure worth retrying."""
@@ -142,6 +154,13 @@ class TrackingWriter:
 
 def upload(client: MlflowClient, run_id: str, records: list[Record]) -> None:
     """Send `records` (one group: several metrics records, or one other record) to MLflow."""
+    try:
+        _send(client, run_id, records)
+    except (KeyError, TypeError) as err:  # a field missing or of the wrong type
+        raise BadRecord(f"damaged tracking record {str(records[0])[:200]}: {err!r}") from err
+
+
+def _send(client: MlflowClient, run_id: str, records: list[Record]) -> None:
     op = records[0]["op"]
     if op == "metrics":
         metrics = [
@@ -163,7 +182,7 @@ def upload(client: MlflowClient, run_id: str, records: list[Record]) -> None:
     elif op == "status":
         _upload_status(client, run_id, records[0])
     else:
-        raise ValueError(f"unknown tracking record {records[0]}")
+        raise BadRecord(f"unknown tracking record {str(records[0])[:200]}")
 
 
 def _upload_status(client: MlflowClient, run_id: str, record: Record) -> None:
@@ -189,13 +208,17 @@ def _groups(records: list[Record]) -> Iterator[tuple[int, int]]:
         start = stop
 
 
+class BadRecord(ValueError):
+    """A spool record this writer cannot send (damaged, or from an unknown version)."""
+
+
 def _permanent(err: Exception) -> bool:
-    """A refusal that retrying cannot fix (a 4xx answer, a missing file), as opposed to an
-    unreachable or failing server."""
+    """A refusal that retrying cannot fix (a 4xx answer, a missing file, a damaged record),
+    as opposed to an unreachable or failing server."""
     if isinstance(err, MlflowException):
         status = err.get_http_status_code()
         return 400 <= status < 500 and status not in (408, 429)
-    return isinstance(err, FileNotFoundError | ValueError | KeyError)
+    return isinstance(err, FileNotFoundError | BadRecord)
 
 
 def _chunks(items: list, size: int) -> Iterator[list]:
