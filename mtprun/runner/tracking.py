@@ -172,7 +172,7 @@ class Tracker:
     def _append(self, record: dict[str, Any], essential: bool = False) -> None:
         try:
             kept = self.spool.append(record, essential)
-        except OSError as err:  # tracking must not be what stops training
+        except (OSError, ValueError) as err:  # disk full, spool closed: never stop training
             kept = False
             reason = f"cannot write {self.spool.path}: {err}"
         else:

@@ -168,7 +168,8 @@ def _send(client: MlflowClient, run_id: str, records: list[Record]) -> None:
             for rec in records
             for key, value in rec["values"].items()
         ]
-        client.log_batch(run_id, metrics=metrics)
+        for chunk in _chunks(metrics, _MAX_METRICS):  # a record may hold more than a call takes
+            client.log_batch(run_id, metrics=chunk)
     elif op == "params":
         for chunk in _chunks(sorted(records[0]["values"].items()), _MAX_KEYS):
             client.log_batch(run_id, params=[Param(k, v) for k, v in chunk])

@@ -58,7 +58,8 @@ def test_a_second_process_exits_2_naming_the_holder(holder, tmp_path):
         f"data: {{source: arithmetic}}\nrun_dir: {root}\n"
     )
     holder_text = f"pid {proc.pid} on host {socket.gethostname()}"
-    for args in (("resume", root), ("run", recipe), ("run", recipe, "--resume")):
+    commands = (("resume", root), ("run", recipe), ("run", recipe, "--resume"), ("sync", root))
+    for args in commands:
         done = _mtprun(*args)
         assert done.returncode == 2, done.stderr
         assert "in use by another mtprun process" in done.stderr

@@ -231,3 +231,11 @@ def test_a_new_run_without_its_server_exits_1_and_can_start_again(tmp_path, caps
     assert "cannot create the MLflow run at http://127.0.0.1:" in capsys.readouterr().err
     assert not RunDir(tmp_path / "run").has_run()
     RunLock(tmp_path / "run").acquire().release()  # released on the way out
+
+
+def test_a_step_with_more_metrics_than_one_mlflow_call_takes(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker.start(uri, "exp", "wide", {}, spool=Spool(tmp_path / "tracking"))
+    tracker.log_metrics(1, {f"m/{i}": float(i) for i in range(1500)})  # MLflow takes 1000
+    assert tracker.finish("FINISHED", timeout=30)
+    assert len(MlflowClient(uri).get_run(tracker.run_id).data.metrics) == 1500
