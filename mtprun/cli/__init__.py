@@ -15,6 +15,7 @@ COMMANDS: tuple[str, ...] = (
     "export",
     "ui",
     "inspect_data",
+    "sync",
 )
 """Modules of `mtprun.cli`, in help order. Each sets `func(args) -> int` via set_defaults and
 imports heavy dependencies (torch, ray, vllm) inside `func`, so every command starts fast."""

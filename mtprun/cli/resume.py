@@ -25,10 +25,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from mtprun.runner.launch import resume_run
+    from mtprun.runner.launch import RunFolderError, resume_run
 
     try:
         return resume_run(args.run_dir, args.ray_address, Console())
-    except FileNotFoundError as err:
+    except (FileNotFoundError, RunFolderError) as err:
         print(f"mtprun resume: {err}", file=sys.stderr)
         return EXIT_INVALID

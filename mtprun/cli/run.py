@@ -46,15 +46,19 @@ def run(args: argparse.Namespace) -> int:
 
     from mtprun.runner.launch import RunFolderError, resume_run, start_run
     from mtprun.runner.run_dir import RunDir
+    from mtprun.runner.tracking import TrackingUnavailable
 
     recipe = check.recipe
-    if args.resume and RunDir(Path(recipe.run_dir)).has_run():
-        return resume_run(Path(recipe.run_dir), args.ray_address, Console())
     text = Path(args.recipe).read_text()
     if args.overrides:
         text += "\n# command-line overrides: " + " ".join(args.overrides) + "\n"
     try:
+        if args.resume and RunDir(Path(recipe.run_dir)).has_run():
+            return resume_run(Path(recipe.run_dir), args.ray_address, Console())
         return start_run(recipe, text, args.ray_address, Console())
-    except RunFolderError as err:
+    except RunFolderError as err:  # also RunFolderLocked: another process owns the folder
         print(f"mtprun run: {err}", file=sys.stderr)
         return EXIT_INVALID
+    except TrackingUnavailable as err:  # a new run needs its MLflow run created
+        print(f"mtprun run: {err}", file=sys.stderr)
+        return 1

@@ -64,6 +64,10 @@ class TrainerWorker:
         self.trainer: Any = None
         self.reference: Any = None
 
+    def pid(self) -> int:
+        """This rank's process id; answering at all says the process lives."""
+        return os.getpid()
+
     def rendezvous_address(self) -> tuple[str, int]:
         """Address for torch.distributed, asked of rank 0 only."""
         import ray

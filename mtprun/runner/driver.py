@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import traceback
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
 import ray
 from rich.console import Console
+from rich.progress import TaskID
 
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
@@ -34,7 +36,7 @@ from mtprun.runner.stages import Stage, plan_stages
 from mtprun.runner.steps import StepResult, grpo_step, sft_step
 from mtprun.runner.stop import StopRequest
 from mtprun.runner.tracking import Tracker
-from mtprun.runner.trainer_group import TrainerGroup
+from mtprun.runner.trainer_group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe
 
 log = logging.getLogger("mtprun")
@@ -45,6 +47,7 @@ _SUMMARY = {
     "train/loss": "loss",
     "response/length": "length",
     "time/step_s": "s/step",
+    "tracking/backlog": "tracking/backlog",
 }
 
 
@@ -63,6 +66,7 @@ class Driver:
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
         self._logged_until = 0  # the newest step MLflow has metrics for (set on resume)
+        self.trainer_restarts = 0  # trainer groups started again in this attempt
 
     # ---- the attempt ---------------------------------------------------------------------
 
@@ -85,9 +89,7 @@ class Driver:
             self._shutdown()
             self.stop.uninstall()
         if self.stop.requested:
-            self.tracker.finish(
-                "KILLED", f"stopped by {self.stop.requested} after step {self.step}"
-            )
+            self._finish("KILLED", f"stopped by {self.stop.requested} after step {self.step}")
             log.warning(
                 "stopped after step %d; continue with: mtprun resume %s",
                 self.step,
@@ -98,7 +100,7 @@ class Driver:
             self.run_dir.checkpoints, self.step, self.run_dir.exports / "final"
         )
         self.tracker.set_tags({"mtprun.export": str(final)})
-        self.tracker.finish("FINISHED")
+        self._finish("FINISHED")
         log.info("finished %d steps; policy exported to %s", self.step, final)
         log.info("see the run in MLflow: mtprun ui %s", self.run_dir.root)
         return EXIT_OK
@@ -113,10 +115,15 @@ class Driver:
         log.error("run %s at step %d: %s", status.lower(), self.step, text)
         log.debug("%s", "".join(traceback.format_exception(err)))
         try:
-            self.tracker.finish(status, text)
+            self._finish(status, text)
         except Exception as tracking_err:  # the error itself matters more
             log.error("could not mark the MLflow run %s: %s", status, tracking_err)
         return EXIT_STOPPED if status == "KILLED" else EXIT_FAILED
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        """The run's final status and error into the spool, then at most
+        tracking.flush_timeout_s of uploading: a dead server never holds the exit."""
+        self.tracker.finish(status, error, timeout=self.recipe.tracking.flush_timeout_s)
 
     def _ensure_model(self) -> None:
         """The run's initial HF folder: the recipe's model.path, or a tiny model built here."""
@@ -175,7 +182,7 @@ class Driver:
                 step,
                 checkpoint.step_dir(self.run_dir.checkpoints, step),
             )
-        last_logged = self.tracker.last_logged_step("train/loss")
+        last_logged = self.tracker.last_logged_step()
         if last_logged > self.step:
             # Only a hard kill gets here (a graceful stop checkpoints its last step): the steps
             # after the checkpoint run again and keep the metrics MLflow already has.
@@ -209,22 +216,71 @@ class Driver:
             self.pool = RolloutPool.start(self.recipe, policy_dir, self.run_dir.vllm_dir)
             log.info("rollout engines ready: pids %s", self.pool.pids)
             collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
-            run_step = partial(grpo_step, self.trainer, self.pool, collector, stage)
+            step_fn = partial(grpo_step, pool=self.pool, collector=collector, stage=stage)
         else:
-            run_step = partial(sft_step, self.trainer, SftSource(stage.recipe, start_dir), stage)
+            step_fn = partial(sft_step, sft=SftSource(stage.recipe, start_dir), stage=stage)
         bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
-        every = self.recipe.trainer.checkpoint_every
-        while self.step < stage.last_step and not self.stop.requested:
-            step = self.step + 1
-            result = run_step(step)
-            self._commit(step, result)
-            progress.step_done(bar, summary_line(step, result.metrics, _SUMMARY))
-            if every and step % every == 0:
-                self._save()
-        self._save()  # stage end, or a graceful stop: the next attempt continues right here
+        died: TrainerDied | None = None
+        while True:  # once, plus once per trainer restart
+            try:
+                if died is not None:
+                    self._restart_trainer(stage, start_dir, died)
+                    progress.update(bar, completed=self.step - stage.offset)
+                    died = None
+                self._run_steps(stage, step_fn, progress, bar)
+                self._save()  # stage end, or a graceful stop: the next attempt goes on here
+                break
+            except TrainerDied as err:
+                died = err
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+
+    def _run_steps(
+        self, stage: Stage, step_fn: Callable[..., StepResult], progress: RunProgress, bar: TaskID
+    ) -> None:
+        every = self.recipe.trainer.checkpoint_every
+        while self.step < stage.last_step and not self.stop.requested:
+            step = self.step + 1
+            result = step_fn(self.trainer, step=step)  # the current trainer: restarts swap it
+            result.metrics["train/restarts"] = float(self.trainer_restarts)
+            self._commit(step, result)
+            progress.step_done(bar, summary_line(step, self._progress_metrics(result), _SUMMARY))
+            if every and step % every == 0:
+                self._save()
+
+    def _restart_trainer(self, stage: Stage, start_dir: Path, died: TrainerDied) -> None:
+        """A new trainer group at the newest checkpoint (or the stage's start), the engines
+        synced to it; the steps after that checkpoint run again with the same data and are
+        not logged twice. Past trainer.max_restarts the run fails with the cause."""
+        self.trainer_restarts += 1
+        limit = self.recipe.trainer.max_restarts
+        if self.trainer_restarts > limit:
+            raise RuntimeError(
+                f"{died} during step {self.step + 1}, after {limit} trainer restart(s) in this "
+                "attempt (trainer.max_restarts); giving up"
+            ) from died
+        log.warning(
+            "%s during step %d; restarting the trainer from step %d (restart %d of %d)",
+            died,
+            self.step + 1,
+            self.saved_step,
+            self.trainer_restarts,
+            limit,
+        )
+        if self.trainer is not None:
+            self.trainer.kill()
+            self.trainer = None
+        self._logged_until = max(self._logged_until, self.step)
+        self.step = self.saved_step
+        resume_from = (
+            checkpoint.step_dir(self.run_dir.checkpoints, self.step)
+            if stage.contains(self.step)
+            else None
+        )
+        self._prepare_trainer(stage, start_dir, resume_from)
+        if self.pool is not None:  # the engines hold newer weights than the checkpoint
+            self.pool.update_weights(self.trainer.weights_ref())
 
     def _prepare_trainer(self, stage: Stage, start_dir: Path, resume_from: Path | None) -> None:
         """The stage's Trainer in the (once started) trainer actors, at the checkpoint's state
@@ -265,6 +321,12 @@ class Driver:
                 self.tracker.log_text(result.samples, f"samples/step_{step:06d}.txt")
         log.debug("step %d: %s", step, result.metrics)
         self.step = step
+
+    def _progress_metrics(self, result: StepResult) -> dict[str, float]:
+        """The step's metrics, and the tracking backlog while the server is unreachable."""
+        if self.tracker.outage is None:
+            return result.metrics
+        return {**result.metrics, "tracking/backlog": float(self.tracker.backlog)}
 
     def _save(self) -> None:
         if self.saved_step == self.step or self.trainer is None:

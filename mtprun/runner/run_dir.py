@@ -6,6 +6,8 @@
   plan.json            the compiled HeadPlan
   state.json           run identity: MLflow tracking URI, experiment and run id
   log.txt              the full log of every attempt (appended on resume)
+  .lock                held (flock) by the one process that owns the folder (run_lock.py)
+  tracking/            the tracking spool: records not yet on the MLflow server (spool.py)
   mlflow.db            the default local MLflow store, artifacts under mlartifacts/
   model/               the initial HF model folder (built tiny model or a link to model.path)
   checkpoints/step_N/  trainer state + an HF export of the policy at step N
@@ -52,6 +54,10 @@ class RunDir:
     @property
     def log_file(self) -> Path:
         return self.root / "log.txt"
+
+    @property
+    def tracking_spool(self) -> Path:
+        return self.root / "tracking"
 
     @property
     def model_dir(self) -> Path:

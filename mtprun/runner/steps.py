@@ -21,7 +21,7 @@ class StepResult:
     samples: str = ""  # readable episodes (RL), an MLflow artifact
 
 
-def sft_step(trainer: TrainerGroup, sft: SftSource, stage: Stage, step: int) -> StepResult:
+def sft_step(trainer: TrainerGroup, *, sft: SftSource, stage: Stage, step: int) -> StepResult:
     start = time.perf_counter()
     batches = sft.batches(step - stage.offset)
     metrics = _prefixed("train", trainer.train_step(batches))
@@ -39,6 +39,7 @@ def sft_step(trainer: TrainerGroup, sft: SftSource, stage: Stage, step: int) -> 
 
 def grpo_step(
     trainer: TrainerGroup,
+    *,
     pool: RolloutPool,
     collector: EpisodeCollector,
     stage: Stage,

@@ -1,12 +1,17 @@
 """The trainer ranks as one object: every call goes to all ranks at once (their collectives
 must meet). The last rank answers for losses and log-probs (it holds the last pipeline stage,
-where they are computed); rank 0 holds the gathered weights."""
+where they are computed); rank 0 holds the gathered weights.
+
+A rank whose process dies (OOM kill, lost node) surfaces as TrainerDied as soon as Ray
+notices, even while the other ranks wait for it in a collective: the driver then starts a new
+group from the newest checkpoint (Driver._restart_trainer)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from mtprun.runner.actors import TrainerWorker, stop_actors, torch_threads
 from mtprun.runner.parallel import data_parallel_replica
@@ -21,8 +26,9 @@ class TrainerGroup:
         self.actors = actors
         self.dp = parallel.dp
         self.replica = [data_parallel_replica(rank, parallel) for rank in range(len(actors))]
-        address = ray.get(actors[0].rendezvous_address.remote())
-        self.pids = ray.get([a.setup.remote(parallel, seed, *address) for a in actors])
+        self.pids = [0] * len(actors)
+        address = self._gather([actors[0].rendezvous_address.remote()])[0]
+        self.pids = self._gather([a.setup.remote(parallel, seed, *address) for a in actors])
 
     @classmethod
     def start(cls, recipe: Any) -> TrainerGroup:
@@ -39,7 +45,39 @@ class TrainerGroup:
         self._all("build", recipe, model_dir, plan_json, with_reference)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+        return self._gather([getattr(a, method).remote(*args) for a in self.actors])
+
+    def _gather(self, refs: list[Any]) -> list[Any]:
+        """Every rank's result, in rank order; TrainerDied as soon as one rank's process is
+        gone (ray.get of the list would wait on a survivor stuck in a collective)."""
+        results: dict[int, Any] = {}
+        index = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            rank = index[ready[0]]
+            try:
+                results[rank] = ray.get(ready[0])
+            except RayActorError as err:
+                raise TrainerDied(rank, self.pids[rank], err) from err
+            except Exception:
+                # A survivor's collective fails when its peer dies; blame the death, not that.
+                self._raise_if_one_died()
+                raise
+        return [results[rank] for rank in range(len(refs))]
+
+    def _raise_if_one_died(self, grace_s: float = 10.0) -> None:
+        """TrainerDied for a rank whose process is gone, checked within `grace_s`."""
+        probes = [a.pid.remote() for a in self.actors]
+        ready, _ = ray.wait(probes, num_returns=len(probes), timeout=grace_s)
+        for ref in ready:
+            rank = probes.index(ref)
+            try:
+                ray.get(ref, timeout=grace_s)
+            except RayActorError as err:
+                raise TrainerDied(rank, self.pids[rank], err) from err
+            except GetTimeoutError:
+                continue
 
     def train_step(self, micro_batches: list[Any]) -> dict[str, float]:
         """One optimizer step; data-parallel replica d trains micro batches d, d+dp, ..."""
@@ -52,7 +90,7 @@ class TrainerGroup:
             actor.train_step.remote(micro_batches[d :: self.dp])
             for actor, d in zip(self.actors, self.replica, strict=True)
         ]
-        return ray.get(refs)[-1]
+        return self._gather(refs)[-1]
 
     def logprobs(self, batches: list[Any], reference: bool = False) -> list[Any]:
         return self._all("logprobs", batches, reference)[-1]
@@ -60,7 +98,9 @@ class TrainerGroup:
     def weights_ref(self) -> Any:
         """ObjectRef of the full HF weights (rank 0's), for the rollout engines to fetch."""
         refs = [a.hf_state_dict.remote() for a in self.actors]
-        ray.wait(refs, num_returns=len(refs))  # every rank took part in the gather
+        self._gather(refs[1:])  # None each; rank 0's weights stay in Ray's object store
+        ray.wait(refs[:1])
+        self._gather([self.actors[0].pid.remote()])  # rank 0 alive: its weights are real
         return refs[0]
 
     def save(self, folder: str) -> None:
@@ -71,3 +111,18 @@ class TrainerGroup:
 
     def shutdown(self) -> None:
         stop_actors(self.actors)
+
+    def kill(self) -> None:
+        """End every rank now: survivors of a dead rank may be stuck in a collective, where a
+        polite shutdown call would wait behind it."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+
+
+class TrainerDied(RuntimeError):
+    """A trainer rank's process ended (killed, out of memory, node lost)."""
+
+    def __init__(self, rank: int, pid: int, cause: BaseException) -> None:
+        self.rank = rank
+        self.pid = pid
+        super().__init__(f"trainer rank {rank} (pid {pid}) died: {type(cause).__name__}")

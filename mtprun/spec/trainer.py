@@ -44,3 +44,12 @@ class TrainerSection(Section):
             "copy of the policy); stage ends are always kept. Null keeps every checkpoint."
         ),
     )
+    max_restarts: int = Field(
+        2,
+        ge=0,
+        description=(
+            "Trainer restarts per attempt: when a trainer rank's process dies (OOM kill, lost "
+            "node) the trainer starts again from the newest checkpoint and the steps after it "
+            "run again; past this many the run fails."
+        ),
+    )

@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 from mtprun.runner import checkpoint
 from mtprun.runner.export import export_checkpoint, save_hf_folder
+from mtprun.runner.spool import Spool
 from mtprun.runner.tracking import Tracker, flatten
 
 
@@ -64,15 +65,21 @@ def test_flatten_recipe_params():
 
 def test_tracker_reopens_the_same_run(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    tracker = Tracker.start(uri, "exp", "demo", {"mtprun.plan_hash": "abc"}, tmp_path / "art")
+    tags = {"mtprun.plan_hash": "abc"}
+    tracker = Tracker.start(
+        uri, "exp", "demo", tags, tmp_path / "art", spool=Spool(tmp_path / "tracking")
+    )
     tracker.log_params({"trainer.lr": "0.001"})
     tracker.log_metrics(1, {"train/loss": 2.0})
-    tracker.finish("KILLED", "stopped by SIGINT after step 1")
+    assert tracker.finish("KILLED", "stopped by SIGINT after step 1", timeout=30)
+    assert MlflowClient(uri).get_run(tracker.run_id).info.status == "KILLED"
 
-    again = Tracker.reopen(uri, tracker.run_id)
-    assert again.last_logged_step("train/loss") == 1
+    spool = Spool(tmp_path / "tracking")
+    again = Tracker.reopen(uri, tracker.run_id, tracker.experiment_id, spool)
+    assert again.last_logged_step() == 1
     again.log_metrics(2, {"train/loss": 1.0})
-    again.finish("FINISHED")
+    assert again.finish("FINISHED", timeout=30)
+    assert spool.backlog == 0 and spool.path.stat().st_size == 0  # emptied once uploaded
 
     run = MlflowClient(uri).get_run(tracker.run_id)
     assert run.info.status == "FINISHED"

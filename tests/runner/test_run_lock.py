@@ -1,0 +1,81 @@
+"""One owner per run folder: a second `mtprun` process on a locked folder exits 2 naming the
+holder; a SIGKILLed holder leaves nothing that blocks the next process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtprun.runner.run_dir import RunDir
+from mtprun.runner.run_lock import RunFolderLocked, RunLock
+
+from .cli_run import ENV, MTPRUN
+
+_HOLD = (
+    "import sys; from pathlib import Path; from mtprun.runner.run_lock import RunLock; "
+    "lock = RunLock(Path(sys.argv[1])).acquire('mtprun run'); print('locked', flush=True); "
+    "sys.stdin.read()"
+)
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """A separate process that owns `tmp_path/run` through the same API `mtprun run` uses."""
+    root = tmp_path / "run"
+    RunDir(root).create().write_state({"tracking_uri": "sqlite:///x.db", "run_id": "r"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+    assert proc.stdout.readline().strip() == "locked"
+    yield root, proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _mtprun(*args: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*MTPRUN, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_second_process_exits_2_naming_the_holder(holder, tmp_path):
+    root, proc = holder
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel: {tiny: {architecture: qwen2, hidden: 64, heads: 2, kv_heads: 1}}\n"
+        f"data: {{source: arithmetic}}\nrun_dir: {root}\n"
+    )
+    holder_text = f"pid {proc.pid} on host {socket.gethostname()}"
+    commands = (("resume", root), ("run", recipe), ("run", recipe, "--resume"), ("sync", root))
+    for args in commands:
+        done = _mtprun(*args)
+        assert done.returncode == 2, done.stderr
+        assert "in use by another mtprun process" in done.stderr
+        assert holder_text in done.stderr and "Traceback" not in done.stderr
+    assert json.loads((root / ".lock").read_text())["pid"] == proc.pid  # the loser wrote nothing
+
+
+def test_a_sigkilled_holder_never_blocks_the_next_owner(holder):
+    root, proc = holder
+    with pytest.raises(RunFolderLocked, match=f"pid {proc.pid} "):
+        RunLock(root).acquire()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (root / ".lock").exists()  # the file stays; the kernel dropped the lock
+    with RunLock(root).acquire("mtprun resume") as lock:
+        assert lock.held
+        owner = json.loads((root / ".lock").read_text())
+        assert owner["pid"] == os.getpid() and owner["command"] == "mtprun resume"
+    RunLock(root).acquire().release()  # released on exit of the block
