@@ -2,7 +2,8 @@
 
 Needs torch with CUDA, Triton, transformers and megatron-core (no vLLM, Ray or MLflow). For
 each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.trainer.Trainer`
-(bf16 autocast over float32 master weights, NCCL process group of one), runs optimizer steps
+(bf16 weights, Megatron's DDP with float32 main gradients and its distributed optimizer, NCCL
+process group of one), runs optimizer steps
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
 it exports the weights to HF format, checks the trainer's log-probs against transformers, and
 checks that a Trainer loaded from its state_dict takes the same next step.
