@@ -1,7 +1,7 @@
 """GPU smoke test of the trainer: Megatron-core GPTModel + mtprun's fused head loss.
 
 Needs torch with CUDA, Triton, transformers and megatron-core (no vLLM, Ray or MLflow). For
-each case it builds a random-init HF checkpoint, loads it into `mtprun.runner.trainer.Trainer`
+each case it builds a random-init HF checkpoint, loads it into mtprun's `Trainer`
 (bf16 weights, Megatron's DDP with float32 main gradients and its distributed optimizer, NCCL
 process group of one), runs optimizer steps
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
@@ -40,7 +40,7 @@ from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner.trainer import Trainer
+from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyModel
 from mtprun.spec.recipe import Recipe
 
@@ -232,7 +232,7 @@ def run_cases(
 
 def _rank_process(rank: int, port: int, out: Path, layout: dict, steps: int) -> None:
     """Trainer rank `rank` of the `layout` on GPU `rank`; the last rank writes the results."""
-    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 
     parallel = ParallelSection(**layout)

@@ -23,8 +23,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import flex_attention
 from triton.testing import do_bench
 
-from mtprun.runner.attention import _compiled_flex_attention, packed_block_mask
-from mtprun.runner.context_parallel import TokenShard
+from mtprun.runner.trainer.attention import _compiled_flex_attention, packed_block_mask
+from mtprun.runner.trainer.context_parallel import TokenShard
 
 HEADS, GROUPS, DIM = 12, 2, 128
 

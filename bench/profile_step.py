@@ -21,7 +21,7 @@ from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner.trainer import Trainer
+from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyModel
 from mtprun.spec.recipe import Recipe
 

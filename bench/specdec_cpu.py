@@ -34,7 +34,7 @@ def measure(model_dir: Path, speculative: bool, batch: int, repeats: int, max_to
 
     from mtprun.data.render import Renderer
     from mtprun.data.tasks import get_task
-    from mtprun.runner.rollout import RolloutEngine, spec_decode_metrics
+    from mtprun.runner.rollout.engine import RolloutEngine, spec_decode_metrics
     from mtprun.spec.rollout import RolloutSection
 
     renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))

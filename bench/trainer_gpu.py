@@ -2,7 +2,7 @@
 peak memory of a training step of 16384 tokens, random-init models of Qwen2.5 shapes.
 
 Trainers, each built from the same random-init HF folder and fed the same tokens:
-- mtprun: `mtprun.runner.trainer.Trainer` (bf16, AdamW, grad_clip 1.0), all sequences of
+- mtprun: `mtprun.runner.trainer.trainer.Trainer` (bf16, AdamW, grad_clip 1.0), all sequences of
   one length packed into micro batches of `--micro-batch-tokens`; timing `train_step`.
 - hf: transformers' `Qwen2ForCausalLM` in bf16, SDPA attention, [step tokens / S, S]
   batches, float32 full-logit loss, grad clip 1.0, `torch.optim.AdamW(fused=True)`.
@@ -191,7 +191,7 @@ def time_steps(
 
 
 def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict) -> Measured:
-    from mtprun.runner.trainer import Trainer
+    from mtprun.runner.trainer.trainer import Trainer
 
     trainer_section = {"micro_batch_tokens": cfg.micro_tokens, "recompute": args.recompute}
     losses = WORKLOADS[cfg.workload]
@@ -383,7 +383,7 @@ def _rank_process(
     rank: int, port: int, out: Path, folder: Path, args: argparse.Namespace, layout: dict
 ) -> None:
     """mtprun's rows on rank `rank` of `layout`; the last rank reports and writes `out`."""
-    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 
     parallel = ParallelSection(**layout)

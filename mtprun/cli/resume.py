@@ -25,7 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from mtprun.runner.launch import RunFolderError, resume_run
+    from mtprun.runner.run.launch import RunFolderError, resume_run
 
     try:
         return resume_run(args.run_dir, args.ray_address, Console())

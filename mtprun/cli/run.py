@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     from rich.console import Console
 
-    from mtprun.runner.launch import RunFolderError, resume_run, start_run
-    from mtprun.runner.run_dir import RunDir
-    from mtprun.runner.tracking import TrackingUnavailable
+    from mtprun.runner.run.launch import RunFolderError, resume_run, start_run
+    from mtprun.runner.run.run_dir import RunDir
+    from mtprun.runner.tracking.tracker import TrackingUnavailable
 
     recipe = check.recipe
     text = Path(args.recipe).read_text()

@@ -35,9 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from mtprun.runner.progress import close_logging, setup_logging
-    from mtprun.runner.run_lock import RunFolderError, RunLock
-    from mtprun.runner.tracking import sync_spool
+    from mtprun.runner.run.lock import RunFolderError, RunLock
+    from mtprun.runner.run.progress import close_logging, setup_logging
+    from mtprun.runner.tracking.tracker import sync_spool
 
     try:
         with RunLock(_run_folder(args.run_dir)).acquire("mtprun sync"):
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_folder(path: Path) -> Path:
     """`path` when it holds a run (checked before the lock file is created in it)."""
-    from mtprun.runner.run_dir import RunDir
+    from mtprun.runner.run.run_dir import RunDir
 
     RunDir(path).read_state()
     return path

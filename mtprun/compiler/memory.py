@@ -22,7 +22,7 @@ Parameters of stage s on one tensor-parallel rank:
            + mtp (layer + 2 h^2 + 3 h)            (last stage: MiMo MTP layers; their
                                                    input_proj is replicated over tp)
 
-Precision follows the trainer (`mtprun.runner.mixed_precision`): `model.dtype: bfloat16` on
+Precision follows the trainer (`mtprun.runner.trainer.mixed_precision`): `model.dtype: bfloat16` on
 GPUs trains bf16 weights with float32 main gradients and megatron-core's distributed optimizer,
 whose float32 master weights and Adam state are sharded over the dp x cp ranks; float32 recipes
 (and `mtp.separate_optimizer: true`, which takes the same path) train float32 weights with
@@ -200,7 +200,7 @@ def estimate_trainer_memory(
     tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
     act_bytes = _DTYPE_BYTES[dtype]
     # The trainer's mixed-precision path: bf16 weights, the distributed optimizer. Anything else
-    # trains float32 weights with torch.optim (mtprun.runner.trainer: `mixed`).
+    # trains float32 weights with torch.optim (mtprun.runner.trainer.trainer: `mixed`).
     bf16_weights = act_bytes == 2 and not separate_mtp_optimizer
     shards = dp * cp if bf16_weights else 1
     if bf16_weights:

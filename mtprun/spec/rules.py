@@ -132,7 +132,7 @@ def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
 
 @rule("parallel", "losses")
 def _cp_keeps_token_terms(r: Recipe) -> Iterator[Issue]:
-    # A context-parallel rank holds pieces of sequences (see mtprun/runner/context_parallel.py).
+    # A context-parallel rank holds pieces of sequences (mtprun/runner/trainer/context_parallel.py).
     cp = r.parallel.cp
     if cp == 1:
         return

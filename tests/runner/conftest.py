@@ -105,7 +105,7 @@ def free_port() -> int:
 def megatron_tp1():
     """Megatron-core model parallelism of one process (tp=pp=cp=dp=1) in the test process,
     for one test module: a vLLM engine in another module needs the process without it."""
-    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
     from mtprun.spec.parallel import ParallelSection
 
     init_parallel(ParallelSection(), 0, 1, "127.0.0.1", free_port())

@@ -9,9 +9,9 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from mtprun.models import ModelDims
-from mtprun.runner.attention import BLOCK, packed_block_mask, packed_causal_mask
-from mtprun.runner.context_parallel import TokenShard
-from mtprun.runner.megatron_model import load_policy_model
+from mtprun.runner.trainer.attention import BLOCK, packed_block_mask, packed_causal_mask
+from mtprun.runner.trainer.context_parallel import TokenShard
+from mtprun.runner.trainer.model import load_policy_model
 
 from .conftest import random_packed_batch
 

@@ -5,10 +5,10 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
-from mtprun.runner import checkpoint
-from mtprun.runner.export import export_checkpoint, save_hf_folder
-from mtprun.runner.spool import Spool
-from mtprun.runner.tracking import Tracker, flatten
+from mtprun.runner.run import checkpoint
+from mtprun.runner.run.export import export_checkpoint, save_hf_folder
+from mtprun.runner.tracking.spool import Spool
+from mtprun.runner.tracking.tracker import Tracker, flatten
 
 
 def test_publish_is_atomic_and_latest_follows(tmp_path):

@@ -8,9 +8,9 @@ import torch
 from megatron.core.parallel_state import RankGenerator
 
 from mtprun.data.batch import PackedBatch
-from mtprun.runner.attention import packed_causal_mask
-from mtprun.runner.context_parallel import TokenShard
-from mtprun.runner.parallel import data_parallel_replica
+from mtprun.runner.trainer.attention import packed_causal_mask
+from mtprun.runner.trainer.context_parallel import TokenShard
+from mtprun.runner.trainer.parallel import data_parallel_replica
 from mtprun.spec.parallel import ParallelSection
 
 

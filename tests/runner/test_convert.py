@@ -127,7 +127,7 @@ def llama_dir(tmp_path_factory):
 
 
 def _megatron_model(folder):
-    from mtprun.runner.megatron_model import PolicyModel, load_megatron_weights
+    from mtprun.runner.trainer.model import PolicyModel, load_megatron_weights
 
     dims = ModelDims.from_model_dir(folder)
     model = PolicyModel(dims)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mtprun.runner.grpo import group_advantages
+from mtprun.runner.rollout.advantages import group_advantages
 
 
 def _reference(rewards: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ from megatron.core.models.gpt.gpt_layer_specs import (
 )
 
 from mtprun.models import ModelDims
-from mtprun.runner import megatron_model
-from mtprun.runner.megatron_model import PolicyModel
+from mtprun.runner.trainer import model as megatron_model
+from mtprun.runner.trainer.model import PolicyModel
 
 _transformer_config = megatron_model.transformer_config
 

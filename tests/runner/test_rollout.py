@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner.rollout import RolloutEngine, spec_decode_metrics
+from mtprun.runner.rollout.engine import RolloutEngine, spec_decode_metrics
 from mtprun.spec.model import TinyModel
 from mtprun.spec.rollout import RolloutSection
 

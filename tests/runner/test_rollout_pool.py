@@ -16,7 +16,7 @@ import pytest
 import ray
 from safetensors.torch import load_file
 
-from mtprun.runner.rollout_pool import RolloutPool
+from mtprun.runner.rollout.pool import RolloutPool
 
 from .conftest import make_recipe
 from .test_rollout import MAX_TOKENS, _assert_matches_hf, _retrained

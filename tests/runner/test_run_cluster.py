@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mtprun.runner import checkpoint
+from mtprun.runner.run import checkpoint
 
 from .cli_run import (
     E2E_TINY,

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from mtprun.runner.run_dir import RunDir
-from mtprun.runner.run_lock import RunFolderLocked, RunLock
+from mtprun.runner.run.lock import RunFolderLocked, RunLock
+from mtprun.runner.run.run_dir import RunDir
 
 from .cli_run import ENV, MTPRUN
 
 _HOLD = (
-    "import sys; from pathlib import Path; from mtprun.runner.run_lock import RunLock; "
+    "import sys; from pathlib import Path; from mtprun.runner.run.lock import RunLock; "
     "lock = RunLock(Path(sys.argv[1])).acquire('mtprun run'); print('locked', flush=True); "
     "sys.stdin.read()"
 )

@@ -4,8 +4,8 @@ import pytest
 
 from mtprun.compiler import compile_recipe
 from mtprun.data.tokenizer import build_tokenizer
-from mtprun.runner.sft_source import SftSource
-from mtprun.runner.stages import plan_stages
+from mtprun.runner.run.sft_source import SftSource
+from mtprun.runner.run.stages import plan_stages
 from mtprun.spec import Recipe
 
 TINY = {"tiny": {"architecture": "qwen2", "hidden": 64, "heads": 2, "kv_heads": 1}}

@@ -17,11 +17,11 @@ import pytest
 from mlflow import MlflowClient
 
 from mtprun.cli import main
-from mtprun.runner.run_dir import RunDir
-from mtprun.runner.run_lock import RunLock
-from mtprun.runner.spool import Spool
-from mtprun.runner.tracking import Tracker
-from mtprun.runner.tracking_writer import upload
+from mtprun.runner.run.lock import RunLock
+from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.tracking.spool import Spool
+from mtprun.runner.tracking.tracker import Tracker
+from mtprun.runner.tracking.writer import upload
 
 from .cli_run import ENV, MTPRUN, free_port
 

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from mtprun.compiler import HeadPlan, compile_recipe
 from mtprun.models import build_tiny_model
-from mtprun.runner.optim import lr_factor
-from mtprun.runner.trainer import Trainer
+from mtprun.runner.trainer.optim import lr_factor
+from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyModel
 from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.trainer import TrainerSection
@@ -262,7 +262,7 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
 
 
 def test_init_parallel_refuses_a_layout_that_does_not_match_the_processes():
-    from mtprun.runner.parallel import init_parallel
+    from mtprun.runner.trainer.parallel import init_parallel
     from mtprun.spec.parallel import ParallelSection
 
     with pytest.raises(ValueError, match=r"tp\*pp\*cp\*dp = 4"):
@@ -307,7 +307,7 @@ def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
 
 
 def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
-    from mtprun.runner.parallel import destroy_parallel, init_parallel
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
 
     layout = ParallelSection(**parallel)
     init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)

@@ -23,8 +23,8 @@ from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer
 from mtprun.data.tasks import Prompt, get_reward, get_task
 from mtprun.data.trajectory import TrajectoryBuilder
-from mtprun.runner.grpo import group_advantages
-from mtprun.runner.rollout_pool import RolloutPool
+from mtprun.runner.rollout.advantages import group_advantages
+from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.spec import Recipe
 
 

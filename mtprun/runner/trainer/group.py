@@ -13,8 +13,9 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from mtprun.runner.actors import TrainerWorker, stop_actors, torch_threads
-from mtprun.runner.parallel import data_parallel_replica
+from mtprun.runner.actors import stop_actors, torch_threads
+from mtprun.runner.trainer.parallel import data_parallel_replica
+from mtprun.runner.trainer.worker import TrainerWorker
 
 
 class TrainerGroup:

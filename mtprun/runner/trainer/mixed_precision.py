@@ -12,7 +12,7 @@ tied output-layer copy counted once, pipeline stages summed) and all-gathers the
 slices back into the bf16 weights.
 
 float32 recipes, CPUs (Megatron's optimizer needs CUDA) and a separately clipped MTP head
-train with torch.optim on float32 weights instead (`mtprun.runner.optim`).
+train with torch.optim on float32 weights instead (`mtprun.runner.trainer.optim`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-from mtprun.runner.optim import lr_factor
+from mtprun.runner.trainer.optim import lr_factor
 from mtprun.spec.trainer import TrainerSection
 
 

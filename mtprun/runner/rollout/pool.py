@@ -18,8 +18,9 @@ from typing import Any
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from mtprun.runner.actors import RolloutWorker, stop_actors, torch_threads
-from mtprun.runner.rollout import spec_decode_metrics
+from mtprun.runner.actors import stop_actors, torch_threads
+from mtprun.runner.rollout.engine import spec_decode_metrics
+from mtprun.runner.rollout.worker import RolloutWorker
 
 log = logging.getLogger("mtprun")
 

@@ -25,18 +25,18 @@ from rich.progress import TaskID
 
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner import checkpoint
-from mtprun.runner.episodes import EpisodeCollector
-from mtprun.runner.export import export_checkpoint
-from mtprun.runner.progress import RunProgress, summary_line
-from mtprun.runner.rollout_pool import RolloutPool
-from mtprun.runner.run_dir import RunDir
-from mtprun.runner.sft_source import SftSource
-from mtprun.runner.stages import Stage, plan_stages
-from mtprun.runner.steps import StepResult, grpo_step, sft_step
-from mtprun.runner.stop import StopRequest
-from mtprun.runner.tracking import Tracker
-from mtprun.runner.trainer_group import TrainerDied, TrainerGroup
+from mtprun.runner.rollout.episodes import EpisodeCollector
+from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.run import checkpoint
+from mtprun.runner.run.export import export_checkpoint
+from mtprun.runner.run.progress import RunProgress, summary_line
+from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run.sft_source import SftSource
+from mtprun.runner.run.stages import Stage, plan_stages
+from mtprun.runner.run.steps import StepResult, grpo_step, sft_step
+from mtprun.runner.run.stop import StopRequest
+from mtprun.runner.tracking.tracker import Tracker
+from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe
 
 log = logging.getLogger("mtprun")

@@ -16,9 +16,9 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from mtprun.runner.run_dir import RunDir
-from mtprun.runner.spool import Spool
-from mtprun.runner.tracking_writer import TrackingWriter, fail_fast_http
+from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.tracking.spool import Spool
+from mtprun.runner.tracking.writer import TrackingWriter, fail_fast_http
 
 # MLflow rejects param values longer than this; longer ones are cut and marked.
 _MAX_PARAM_LEN = 6000

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from mtprun.runner.cpu_shims import apply_cpu_shims, needs_cpu_shims, reset_rng_tracker
+from mtprun.runner.trainer.cpu_shims import apply_cpu_shims, needs_cpu_shims, reset_rng_tracker
 
 
 def init_parallel(
@@ -74,3 +75,10 @@ def destroy_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host now (for torch.distributed's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])

@@ -16,7 +16,6 @@ the micro batches.
 from __future__ import annotations
 
 import contextlib
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +35,20 @@ from mtprun.models.pp_layout import (
     splits_tied_embedding,
 )
 from mtprun.models.tp_layout import gather_state_dict
-from mtprun.runner.context_parallel import TokenShard, gather_row
-from mtprun.runner.megatron_model import MTP_PREFIX, load_policy_model
-from mtprun.runner.mixed_precision import MegatronMixedPrecision
-from mtprun.runner.optim import NormScope, build_groups
-from mtprun.runner.parallel import init_parallel
-from mtprun.runner.pipeline import run_micro_batches
-from mtprun.runner.teacher import Teacher
+from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
+from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
+from mtprun.runner.trainer.model import MTP_PREFIX, load_policy_model
+from mtprun.runner.trainer.optim import NormScope, build_groups
+from mtprun.runner.trainer.parallel import free_port, init_parallel
+from mtprun.runner.trainer.pipeline import run_micro_batches
+from mtprun.runner.trainer.teacher import Teacher
 from mtprun.spec.recipe import Recipe
 
 
 class Trainer:
     """Train the policy of `model_dir` (an HF folder) on packed batches with `plan`.
 
-    Call `mtprun.runner.parallel.init_parallel` in every trainer process first; a
+    Call `mtprun.runner.trainer.parallel.init_parallel` in every trainer process first; a
     single-process recipe (tp=pp=cp=dp=1) is initialised here when nobody did.
     """
 
@@ -404,12 +403,6 @@ def _ensure_parallel(recipe: Recipe) -> None:
     if recipe.parallel.world_size != 1:
         raise RuntimeError(
             f"parallel: {recipe.parallel.world_size} trainer processes; call "
-            "mtprun.runner.parallel.init_parallel(...) in each of them before Trainer(...)"
+            "mtprun.runner.trainer.parallel.init_parallel(...) in each of them before Trainer(...)"
         )
-    init_parallel(recipe.parallel, 0, 1, "127.0.0.1", _free_port(), seed=recipe.seed)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    init_parallel(recipe.parallel, 0, 1, "127.0.0.1", free_port(), seed=recipe.seed)

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from mtprun.models import ModelDims
-from mtprun.runner.context_parallel import TokenShard
-from mtprun.runner.megatron_model import load_policy_model
+from mtprun.runner.trainer.context_parallel import TokenShard
+from mtprun.runner.trainer.model import load_policy_model
 
 
 class Teacher:

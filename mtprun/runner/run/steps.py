@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 
 from mtprun.data.batch import PackedBatch
-from mtprun.runner.episodes import EpisodeCollector
-from mtprun.runner.rollout_pool import RolloutPool
-from mtprun.runner.sft_source import SftSource
-from mtprun.runner.stages import Stage
-from mtprun.runner.trainer_group import TrainerGroup
+from mtprun.runner.rollout.episodes import EpisodeCollector
+from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.run.sft_source import SftSource
+from mtprun.runner.run.stages import Stage
+from mtprun.runner.trainer.group import TrainerGroup
 
 SAMPLE_EPISODES = 8  # episodes per RL step written to MLflow as text
 

@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from mtprun.runner.run_dir import write_json_atomic
+from mtprun.runner.run.run_dir import write_json_atomic
 
 _PREFIX = "step_"
 

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
-from mtprun.runner.spool import Record, Spool
+from mtprun.runner.tracking.spool import Record, Spool
 
 log = logging.getLogger("mtprun")
 

@@ -26,7 +26,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from mtprun.runner.context_parallel import TokenShard, gather_keys
+from mtprun.runner.trainer.context_parallel import TokenShard, gather_keys
 
 BLOCK = 128  # FlexAttention's tile along queries and keys
 

@@ -5,7 +5,7 @@ one pipeline stage of it per process.
 states for the fused head loss, which applies the output layer itself, so Megatron's own
 logits and loss are never computed; earlier stages run `stage_hidden`. Packed sequences:
 position ids restart at every sequence start and are used to index the rotary table, and
-attention is block-diagonal causal over `cu_seqlens` (`mtprun.runner.attention`: a
+attention is block-diagonal causal over `cu_seqlens` (`mtprun.runner.trainer.attention`: a
 FlexAttention block mask on CUDA, an explicit boolean mask on CPU). Under context parallelism
 each process runs its share of the tokens and the core attention gathers the keys and values
 of the others (`context_parallel`).
@@ -30,8 +30,8 @@ from torch.utils.checkpoint import checkpoint
 from mtprun.models import hf_to_megatron
 from mtprun.models.dims import ModelDims
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
-from mtprun.runner.attention import PackedAttention, PackedRows, packed_attention_mask
-from mtprun.runner.context_parallel import TokenShard
+from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
+from mtprun.runner.trainer.context_parallel import TokenShard
 
 Recompute = Literal["none", "selective", "full"]
 

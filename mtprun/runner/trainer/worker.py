@@ -1,0 +1,93 @@
+"""One trainer rank as a Ray actor (`ray.remote(...)` is applied where the group starts it),
+so this module imports no engine at import time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mtprun.compiler import HeadPlan
+from mtprun.data.batch import PackedBatch
+from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.trainer.parallel import free_port
+
+
+class TrainerWorker:
+    """One trainer rank, kept for the whole attempt; each stage builds a fresh Trainer in it
+    (Megatron and the process group are set up once). Every collective method must be called
+    on all ranks together."""
+
+    def __init__(self, rank: int, world_size: int, torch_threads: int | None) -> None:
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.rank = rank
+        self.world_size = world_size
+        self.model_dir: Path | None = None
+        self.trainer: Any = None
+        self.reference: Any = None
+
+    def pid(self) -> int:
+        """This rank's process id; answering at all says the process lives."""
+        return os.getpid()
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """Address for torch.distributed, asked of rank 0 only."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, parallel: Any, seed: int, master_addr: str, master_port: int) -> int:
+        """Join the process group; returns the process id (for logs)."""
+        from mtprun.runner.trainer.parallel import init_parallel
+
+        init_parallel(parallel, self.rank, self.world_size, master_addr, master_port, seed=seed)
+        return os.getpid()
+
+    def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
+        """A Trainer for a stage: `recipe` as the stage sees it, starting from `model_dir`."""
+        from mtprun.runner.trainer.trainer import Trainer
+
+        device = "cpu" if not torch.cuda.is_available() else f"cuda:{torch.cuda.current_device()}"
+        plan = HeadPlan.from_json(plan_json)
+        self.model_dir = Path(model_dir)
+        self.trainer = self.reference = None  # free the previous stage's model first
+        self.trainer = Trainer(recipe, self.model_dir, plan, device)
+        if with_reference:
+            # The KL reference is the policy this stage starts from, frozen.
+            self.reference = Trainer(recipe, self.model_dir, plan, device)
+
+    def train_step(self, micro_batches: list[PackedBatch]) -> dict[str, float]:
+        return self.trainer.train_step(micro_batches)
+
+    def logprobs(self, batches: list[PackedBatch], reference: bool = False) -> list[torch.Tensor]:
+        model = self.reference if reference else self.trainer
+        return model.logprobs(batches)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full HF-named weights (gathered over TP and pipeline stages); only rank 0 returns
+        them."""
+        weights = self.trainer.hf_state_dict()
+        return weights if self.rank == 0 else None
+
+    def save(self, folder: str) -> None:
+        """Write this rank's trainer state and (rank 0) the policy as an HF folder."""
+        target = Path(folder)
+        torch.save(self.trainer.state_dict(), target / f"trainer_rank{self.rank}.pt")
+        weights = self.trainer.hf_state_dict()
+        if self.rank == 0:
+            save_hf_folder(weights, self.model_dir, target / "hf")
+
+    def load(self, folder: str) -> int:
+        state = torch.load(
+            Path(folder) / f"trainer_rank{self.rank}.pt", map_location="cpu", weights_only=False
+        )
+        self.trainer.load_state_dict(state)
+        return int(self.trainer.step)
+
+    def shutdown(self) -> None:
+        from mtprun.runner.trainer.parallel import destroy_parallel
+
+        destroy_parallel()
