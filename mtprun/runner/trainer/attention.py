@@ -173,25 +173,30 @@ def packed_attention_mask(
 @dataclass(frozen=True)
 class PackedRows:
     """A packed micro batch as each layer's core attention needs it: `mask` from
-    `packed_attention_mask`, and the rotary angles of the local tokens ([T_local, 1, 1, d]
-    float32, Megatron's table indexed by position id). Passed as the layer's attention mask,
-    with no rotary table, so that Megatron's unfused RoPE does not run."""
+    `packed_attention_mask`, and the cosines and sines of the local tokens' rotary angles
+    ([T_local, 1, 1, d] float32, Megatron's table indexed by position id; computed once per
+    micro batch, not per layer). Passed as the layer's attention mask, with no rotary table,
+    so that Megatron's unfused RoPE does not run."""
 
     mask: torch.Tensor | BlockMask | PaddedRows
-    angles: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def of(cls, mask: torch.Tensor | BlockMask | PaddedRows, angles: torch.Tensor) -> PackedRows:
+        return cls(mask, angles.cos(), angles.sin())
 
 
-def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE in the half-split layout (Megatron's and HF's): x cos + rotate_half(x) sin, with
-    cos and sin in x's dtype, the same ops as Megatron's unfused path. x [T, 1, heads, d],
-    angles [T, 1, 1, d]."""
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos and sin cast to x's dtype, the same ops as Megatron's unfused path. x [T, 1, heads,
+    d], cos and sin [T, 1, 1, d]."""
     x1, x2 = x.chunk(2, -1)
-    return x * cos + torch.cat((-x2, x1), -1) * sin
+    return x * cos.to(x.dtype) + torch.cat((-x2, x1), -1) * sin.to(x.dtype)
 
 
-def _rotate_qk(query, key, angles):
-    return rotate(query, angles), rotate(key, angles)
+def _rotate_qk(query, key, cos, sin):
+    return rotate(query, cos, sin), rotate(key, cos, sin)
 
 
 @cache
@@ -221,7 +226,7 @@ class PackedAttention(DotProductAttention):
         mask = attention_mask
         if isinstance(attention_mask, PackedRows):
             rotate_qk = _compiled_rotate_qk() if query.is_cuda else _rotate_qk
-            query, key = rotate_qk(query, key, attention_mask.angles)
+            query, key = rotate_qk(query, key, attention_mask.cos, attention_mask.sin)
             mask = attention_mask.mask
         # else: Megatron's own GPTModel.forward, which rotated q and k itself
         if isinstance(mask, PaddedRows):
