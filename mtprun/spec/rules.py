@@ -392,6 +392,19 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
             )
 
 
+@rule("task")
+def _environment_loads(r: Recipe) -> Iterator[Issue]:
+    if r.task is None or r.task.environment is None:
+        return
+    # Imports the user's module (as the runner will): its errors are the recipe's.
+    from mtprun.data.environment import load_environment_class
+
+    try:
+        load_environment_class(r.task.environment)
+    except ValueError as err:
+        yield Issue(("task", "environment"), f"task.environment: {err}")
+
+
 @rule("model", "parallel", "trainer", "resources", "losses", "data", "task")
 def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
     gib = r.resources.gpu_memory_gib

@@ -57,7 +57,7 @@ def test_engine_turns_and_tool_outputs_reassemble_the_conversation(
 def test_expert_rollout_matches_the_rendered_demonstration(renderer: Renderer, task_name) -> None:
     task = get_task(task_name)
     for prompt in task.prompts(3, seed=random.randrange(1000)):
-        trajectory, conversation = expert_rollout(task, prompt, renderer, max_turns=4)
+        trajectory, conversation, _ = expert_rollout(task, prompt, renderer, max_turns=4)
         assert conversation == task.demonstration(prompt)
         full = renderer.render(conversation)
         n = len(trajectory)
@@ -68,7 +68,7 @@ def test_expert_rollout_matches_the_rendered_demonstration(renderer: Renderer, t
 def test_calculator_trajectory_is_mostly_untrained(renderer: Renderer) -> None:
     task = get_task("calculator_tool")
     prompt = task.prompts(1, seed=0)[0]
-    trajectory, _ = expert_rollout(task, prompt, renderer, max_turns=4)
+    trajectory, _, _ = expert_rollout(task, prompt, renderer, max_turns=4)
     prompt_length = len(renderer.render(prompt.messages, add_generation_prompt=True))
     response = trajectory[prompt_length:]
     trained = token_mask(response, "sampled")
@@ -97,7 +97,7 @@ def test_prompt_tokens_are_never_sampled(renderer: Renderer) -> None:
 def test_expert_rollout_stops_at_max_turns_without_inserting(renderer: Renderer) -> None:
     task = get_task("calculator_tool")
     prompt = task.prompts(1, seed=random.randrange(1000))[0]
-    trajectory, conversation = expert_rollout(task, prompt, renderer, max_turns=1)
+    trajectory, conversation, _ = expert_rollout(task, prompt, renderer, max_turns=1)
     assert [m.role for m in conversation] == ["user", "assistant"]
     assert conversation[-1].tool_calls
     assert trajectory.is_sampled[-1]  # ends on the sampled stop token, no tool output after it
