@@ -139,8 +139,6 @@ def _print_source(console: Console, source: Source, mask: object) -> tuple[int, 
     console.rule(Text(source.title, "bold"))
     for problem in source.problems:
         console.print(Text(f"skipped bad record {problem}", "yellow"), soft_wrap=True)
-    if not source.renderer.sampled_exact:
-        console.print(Text("unknown chat template: is_sampled estimated from role spans", "yellow"))
     legend = Text("mask ")
     legend.append(f"{mask}", "bold")
     legend.append(": ")

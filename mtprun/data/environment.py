@@ -114,9 +114,7 @@ def step_all(envs: Sequence[Any], conversations: Sequence[Conversation]) -> list
 
 def inserted_messages(step: EnvStep) -> Conversation:
     """The messages of a step that does not end the episode, as `Message`s."""
-    return tuple(
-        m if isinstance(m, Message) else parse_conversation([m])[0] for m in step.messages
-    )
+    return tuple(m if isinstance(m, Message) else parse_conversation([m])[0] for m in step.messages)
 
 
 def _run_all(results: list[T | Awaitable[T]]) -> list[T]:

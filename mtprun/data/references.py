@@ -17,7 +17,9 @@ import sys
 from types import ModuleType
 from typing import Any
 
-REFERENCE_FORMS = "`package.module:Name` (importable) or `path/to/file.py:Name` (relative to the recipe)"
+REFERENCE_FORMS = (
+    "`package.module:Name` (importable) or `path/to/file.py:Name` (relative to the recipe)"
+)
 
 
 class UnresolvedReference(ValueError):
@@ -28,7 +30,9 @@ def split_reference(reference: str) -> tuple[str, str]:
     """(module or file, attribute name) of `reference`."""
     target, sep, name = reference.rpartition(":")
     if not sep or not target or not name.isidentifier():
-        raise UnresolvedReference(f"{reference!r} is not a Python reference: write {REFERENCE_FORMS}")
+        raise UnresolvedReference(
+            f"{reference!r} is not a Python reference: write {REFERENCE_FORMS}"
+        )
     return target, name
 
 

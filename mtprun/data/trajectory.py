@@ -66,7 +66,6 @@ class TrajectoryBuilder:
             token_ids=torch.cat([p.token_ids for p in parts]),
             roles=torch.cat([p.roles for p in parts]),
             is_sampled=torch.cat([p.is_sampled for p in parts]),
-            sampled_exact=all(p.sampled_exact for p in parts),
             logprobs=torch.cat([p.logprobs for p in parts]),
         )
 
@@ -77,7 +76,6 @@ def _with_zero_logprobs(segment: RenderedSequence) -> RenderedSequence:
         token_ids=segment.token_ids,
         roles=segment.roles,
         is_sampled=torch.zeros_like(segment.is_sampled),
-        sampled_exact=segment.sampled_exact,
         logprobs=torch.zeros(len(segment), dtype=torch.float32),
     )
 

@@ -17,7 +17,7 @@ import random
 import re
 from collections.abc import Callable
 
-from mtprun.data.environment import EnvStep, Environment
+from mtprun.data.environment import Environment, EnvStep
 from mtprun.data.messages import Conversation, Message, ToolCall
 from mtprun.data.tasks.base import DrawnTask, Prompt
 
@@ -61,7 +61,6 @@ class CalculatorToolTask(DrawnTask):
             return Message("assistant", prompt.answer)
         expression = prompt.messages[-1].content.removeprefix("What is ").removesuffix("?")
         return Message("assistant", "", (ToolCall(TOOL_NAME, {"expression": expression}),))
-
 
 
 def run_tool_call(call: ToolCall) -> str:
