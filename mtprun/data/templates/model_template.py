@@ -78,6 +78,7 @@ class ModelTemplate:
         self.has_generation_blocks = bool(_GENERATION_BLOCK.search(tokenizer.chat_template))
         self._special_ids = _special_ids(tokenizer)
         self._preambles: dict[Role, list[int]] = {}
+        self._check_prefix_stable()
         self.stop_token_ids: list[int] = sorted(_eos_ids(tokenizer) | self._turn_ends())
         self._stops = frozenset(self.stop_token_ids)
         self.tool_calls: ToolCallSyntax = self._tool_call_syntax()
@@ -195,6 +196,29 @@ class ModelTemplate:
         if own and alone.ids[-len(own) :] == own:
             return alone.ids[: -len(own)]
         return []
+
+    def _check_prefix_stable(self) -> None:
+        """Each prefix of a probe conversation renders as the start of the whole one, up to
+        past its last message at least (a trailer such as an EOS after a final turn may
+        differ)."""
+        messages = [
+            Message(role, f"mtprun probe {i}")
+            for i, role in enumerate(("user", "assistant", "user", "assistant"))
+        ]
+        dicts = [m.to_dict() for m in messages]
+        try:
+            whole = self._render(dicts)
+        except Exception:  # the template refuses the probe: nothing to check it with
+            return
+        for i in range(1, len(dicts)):
+            prefix = self._render(dicts[:i])
+            content_end = prefix.find(messages[i - 1].content) + len(messages[i - 1].content)
+            if len(os.path.commonprefix([prefix, whole])) < content_end:  # noqa: RUF071
+                raise ValueError(
+                    f"the chat template of {self._name} is not prefix-stable: the first {i} "
+                    f"message(s) render differently once message {i + 1} follows, so tokens "
+                    "cannot be attributed to the messages that wrote them"
+                )
 
     def _turn_ends(self) -> set[int]:
         """The first special token the template prints after an assistant reply, for each

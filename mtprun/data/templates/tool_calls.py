@@ -3,7 +3,8 @@
 - `TaggedJson`: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, once per call
   (Hermes, Qwen, mtprun's own templates);
 - `BareJson`: the whole turn is one JSON object `{"name": ..., "parameters": {...}}` (or
-  `"arguments"`), optionally after `<|python_tag|>` (Llama 3.1+ JSON tool calling).
+  `"arguments"`), optionally after `<|python_tag|>` (Llama 3.1+ JSON tool calling);
+- `NameLineJson`: the tool's name on the first line, its JSON arguments after it (GLM-4).
 
 A model's own template is matched to the syntax that reads its rendering of a probe call back
 (`mtprun.data.templates.model_template`).
@@ -71,14 +72,30 @@ class BareJson(ToolCallSyntax):
         return Message("assistant", "", (call,))
 
 
-SYNTAXES: tuple[ToolCallSyntax, ...] = (TaggedJson(), BareJson())
+class NameLineJson(ToolCallSyntax):
+    name = "name-line-json"
+    _CALL = re.compile(r"\s*([\w.-]+)\n(\{.*\})\s*", re.S)
+
+    def parse(self, text: str) -> Message:
+        match = self._CALL.fullmatch(text)
+        call = None if match is None else _call_from_json(match.group(2), match.group(1))
+        if call is None:
+            return Message("assistant", text)
+        return Message("assistant", "", (call,))
 
 
-def _call_from_json(text: str) -> ToolCall | None:
+SYNTAXES: tuple[ToolCallSyntax, ...] = (TaggedJson(), BareJson(), NameLineJson())
+
+
+def _call_from_json(text: str, name: str | None = None) -> ToolCall | None:
+    """The call in `text`: `{"name", "arguments" | "parameters"}`, or, with `name` given, the
+    arguments object alone."""
     try:
         raw: Any = json.loads(text)
     except json.JSONDecodeError:
         return None
+    if name is not None:
+        raw = {"name": name, "arguments": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         return None
     arguments = raw.get("arguments", raw.get("parameters", {}))
