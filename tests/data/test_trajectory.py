@@ -11,17 +11,7 @@ from mtprun.data.render import ROLE_IDS, Renderer
 from mtprun.data.tasks import get_task
 from mtprun.data.trajectory import TrajectoryBuilder, expert_rollout
 
-
-def sampled_runs(is_sampled: torch.Tensor) -> list[tuple[int, int]]:
-    flags = is_sampled.tolist()
-    runs, start = [], None
-    for i, flag in enumerate([*flags, False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
+from .conftest import sampled_runs
 
 
 def test_engine_turns_and_tool_outputs_reassemble_the_conversation(
