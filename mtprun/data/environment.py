@@ -188,8 +188,9 @@ def _signature(fn: Any) -> str:
 
 
 def _name(obj: Any) -> str:
-    cls = obj if inspect.isclass(obj) else type(obj)
-    return getattr(cls, "__qualname__", repr(obj))
+    """A class's or function's name; an instance's class name."""
+    named = obj if inspect.isclass(obj) or inspect.isroutine(obj) else type(obj)
+    return getattr(named, "__qualname__", repr(obj))
 
 
 def load_environment_class(reference: str) -> type:
