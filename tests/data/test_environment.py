@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import random
+import re
 
 import pytest
 import torch
 
-from mtprun.data.environment import EnvStep, Environment, reset_all, step_all
+from mtprun.data.environment import Environment, EnvStep, reset_all, step_all
 from mtprun.data.messages import Message
 from mtprun.data.render import ROLE_IDS, Renderer
 from mtprun.data.tasks import get_task

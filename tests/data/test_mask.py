@@ -5,7 +5,7 @@ import torch
 
 from mtprun.data.mask import token_mask
 from mtprun.data.messages import Message
-from mtprun.data.render import ROLE_IDS, Renderer
+from mtprun.data.render import Renderer
 from mtprun.data.tokenizer import build_tokenizer
 
 

@@ -24,7 +24,7 @@ losses: [{{kind: grpo}}]
 """
 AT = "11:16"  # where the environment's value is written
 
-ENVIRONMENTS = '''
+ENVIRONMENTS = """
 from mtprun.data.environment import EnvStep, Environment
 
 
@@ -62,7 +62,7 @@ class Abstract(Environment):
 
 def calculator():
     return Calculator()
-'''
+"""
 
 
 @pytest.fixture
