@@ -86,19 +86,8 @@ class ModelTemplate:
     def label(self, messages: Sequence[Message], add_generation_prompt: bool) -> TokenLabels:
         dicts = [m.to_dict() for m in messages]
         full = self._encode(self._render(dicts, add_generation_prompt))
+        bounds = self._message_bounds(messages, dicts, full, add_generation_prompt)
         n = len(full.ids)
-        bounds = [self._preamble_length(messages[0], full.ids)]
-        bounds += [self._agreement(self._render(dicts[:i]), full) for i in range(1, len(dicts))]
-        # With a generation prompt, the tokens after the last message are the prompt's.
-        end = self._agreement(self._render(dicts), full) if add_generation_prompt else n
-        bounds.append(end)
-        for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-            if hi < lo:
-                raise ValueError(
-                    f"the chat template of {self._name} is not prefix-stable: once message "
-                    f"{i + 1} is added it renders messages before it differently, so its "
-                    "tokens cannot be attributed to roles"
-                )
         roles: list[Role] = ["system"] * bounds[0]
         for message, (lo, hi) in zip(messages, itertools.pairwise(bounds), strict=True):
             roles += [message.role] * (hi - lo)
@@ -112,6 +101,29 @@ class ModelTemplate:
             sampled[lo:hi] = [True] * (hi - lo)
             roles[lo:hi] = ["assistant"] * (hi - lo)
         return TokenLabels(full.ids, roles, sampled)
+
+    def _message_bounds(
+        self,
+        messages: Sequence[Message],
+        dicts: list[dict[str, Any]],
+        full: _Encoded,
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        """Token index where each message starts, then where the last one ends (the
+        generation prompt, if any, follows)."""
+        bounds = [self._preamble_length(messages[0], full.ids)]
+        bounds += [self._agreement(self._render(dicts[:i]), full) for i in range(1, len(dicts))]
+        bounds.append(
+            self._agreement(self._render(dicts), full) if add_generation_prompt else len(full.ids)
+        )
+        for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+            if hi < lo:
+                raise ValueError(
+                    f"the chat template of {self._name} is not prefix-stable: once message "
+                    f"{i + 1} is added it renders messages before it differently, so its "
+                    "tokens cannot be attributed to roles"
+                )
+        return bounds
 
     def parse_assistant(self, text: str) -> Message:
         """The assistant message behind a generated turn's text, its tool calls read with the
