@@ -47,8 +47,16 @@ class TaskSection(Section):
     max_turns: int = Field(
         1,
         ge=1,
-        description="Assistant turns per rollout; above 1 the task's tools answer "
+        description="Assistant turns per rollout; above 1 the environment answers "
         "between turns (multi-turn tool use).",
+    )
+    environment: str | None = Field(
+        None,
+        description="The environment of multi-turn episodes: a class named `package.module:Class` "
+        "or `path/to/file.py:Class` (relative to the recipe file that sets it), with "
+        "reset(prompt) -> messages and step(messages) -> EnvStep (mtprun.data.environment). "
+        "null: the task's own (calculator_tool runs its calculator; other tasks end after one "
+        "turn).",
     )
 
 

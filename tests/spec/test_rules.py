@@ -7,7 +7,6 @@ import json
 import pytest
 
 from mtprun.data.tasks import REWARDS, TASKS
-from mtprun.data.templates import CHAT_FORMATS
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
 TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1\n"  # 6 lines
@@ -204,30 +203,6 @@ def test_missing_jsonl_is_resolved_against_the_recipe_folder(write_recipe, locat
     missing.parent.mkdir()
     missing.write_text("")
     assert located(path) == []
-
-
-def test_model_path_with_sampled_mask_warns_about_the_fallback(write_recipe, located) -> None:
-    text = "name: t\nmodel: {path: /models/m}\ndata: {source: arithmetic}\n"
-    path = write_recipe(text)
-    [warning] = located(path)
-    assert warning.startswith(f"{path}:2:15: warning: SFT data is rendered with this model's own")
-    assert "falls back to assistant role spans" in warning
-    assert located(path, ["mask=all"]) == []
-
-
-@pytest.mark.parametrize("saved_as", ["chat_template.jinja", "tokenizer_config.json"])
-def test_model_folder_with_a_known_chat_template_needs_no_fallback(
-    write_recipe, located, tmp_path, saved_as: str
-) -> None:
-    jinja = CHAT_FORMATS["chatml"].jinja
-    model = tmp_path / "model"
-    model.mkdir()
-    content = jinja if saved_as.endswith(".jinja") else json.dumps({"chat_template": jinja})
-    (model / saved_as).write_text(content)
-    path = write_recipe(f"name: t\nmodel: {{path: {model}}}\ndata: {{source: arithmetic}}\n")
-    assert located(path) == []
-    (model / saved_as).write_text(content.replace("im_start", "start"))
-    assert [line.split(": ")[1] for line in located(path)] == ["warning"]
 
 
 def test_an_hf_folder_is_checked_from_its_config(write_recipe, located, tmp_path) -> None:

@@ -1,10 +1,14 @@
-"""RL episodes: prompts -> sampled turns (tool answers in between) -> trajectories + rewards.
+"""RL episodes: prompts -> sampled turns (environment answers in between) -> trajectories +
+rewards.
 
-Episode k = prompt k // n, sample k % n. Turn 1 asks the engines for n samples per prompt;
-every later turn continues each unfinished episode with one sample, after the task's tool
-answered its previous turn. The trajectory holds what the engines sampled (with the
-log-probs they sampled it with: the old log-probs of the update) and the inserted tool and
-template tokens (never sampled, hence untrained under the `sampled` mask).
+Episode k = prompt k // n, sample k % n; each has its own environment object (the recipe's
+task.environment, else the task's own; see `mtprun.data.environment`). Turn 1 asks the
+engines for n samples per prompt; after every turn the environments answer, and each
+unfinished episode continues with one sample after its environment's messages. The
+trajectory holds what the engines sampled (with the log-probs they sampled it with: the old
+log-probs of the update) and the inserted tool, user and template tokens (never sampled,
+hence untrained under the `sampled` mask). An episode's reward is its environment's, when it
+gave one, else task.reward's score.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from mtprun.data.batch import PackedBatch
+from mtprun.data.environment import (
+    EnvStep,
+    inserted_messages,
+    load_environment_class,
+    make_environment,
+    reset_all,
+    step_all,
+)
 from mtprun.data.messages import Conversation
 from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer
@@ -64,11 +76,13 @@ class Episodes:
 
 @dataclass
 class _Episode:
+    env: Any  # this episode's environment object
     builder: TrajectoryBuilder
     conversation: Conversation
     sampled_tokens: int = 0
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
     tool_turns: int = 0
+    env_reward: float | None = None  # the last reward the environment gave
 
     def add_turn(self, sample: Any, renderer: Renderer) -> None:
         """A turn the engine sampled (token ids with their log-probs)."""
@@ -87,6 +101,11 @@ class EpisodeCollector:
         self.max_tokens = recipe.rollout.max_tokens
         self.seed = recipe.seed
         self.task = get_task(recipe.task.name)
+        self.environment = (
+            load_environment_class(recipe.task.environment)
+            if recipe.task.environment
+            else self.task.environment
+        )
         self.reward = get_reward(recipe.task.reward)
         self.renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
@@ -96,26 +115,26 @@ class EpisodeCollector:
         section = self.task_section
         n = section.samples_per_prompt
         prompts = self.task.prompts(section.prompts_per_step, seed=_step_seed(self.seed, step))
-        rendered = [self.renderer.render(p.messages, add_generation_prompt=True) for p in prompts]
-        episodes = [
-            _Episode(TrajectoryBuilder(r), p.messages)
-            for p, r in zip(prompts, rendered, strict=True)
-            for _ in range(n)
-        ]
-        groups = self._generate([r.token_ids.tolist() for r in rendered], n)
-        active, samples = episodes, [s for g in groups for s in g]
+        episodes = self._start([p for p in prompts for _ in range(n)])
+        samples = self._first_samples(episodes, n)
+        active = episodes
         for turn in range(1, section.max_turns + 1):
             for episode, sample in zip(active, samples, strict=True):
                 episode.add_turn(sample, self.renderer)
+            results = step_all([e.env for e in active], [e.conversation for e in active])
+            last_turn = turn == section.max_turns
             active = [
-                e for e in active if self._tool_answers(e, last_turn=turn == section.max_turns)
+                e for e, r in zip(active, results, strict=True) if self._answer(e, r, last_turn)
             ]
             if not active:
                 break
             contexts = [e.builder.build().token_ids.tolist() for e in active]
             samples = [g[0] for g in self._generate(contexts, 1)]
 
-        rewards = [self.reward(e.conversation, prompts[k // n]) for k, e in enumerate(episodes)]
+        rewards = [
+            self.reward(e.conversation, prompts[k // n]) if e.env_reward is None else e.env_reward
+            for k, e in enumerate(episodes)
+        ]
         return Episodes(
             prompts=prompts,
             conversations=[e.conversation for e in episodes],
@@ -126,18 +145,38 @@ class EpisodeCollector:
             tool_turns=[e.tool_turns for e in episodes],
         )
 
-    def _tool_answers(self, episode: _Episode, last_turn: bool) -> bool:
-        """Insert the task's answer to the episode's last turn; False when the episode ends."""
-        reply = None if episode.truncated else self.task.tool_response(episode.conversation)
-        if reply is None:
+    def _start(self, prompts: list[Prompt]) -> list[_Episode]:
+        """One episode per prompt (a prompt repeated per sample), its environment reset."""
+        envs = [make_environment(self.environment) for _ in prompts]
+        starts = reset_all(envs, prompts)
+        return [
+            _Episode(env, TrajectoryBuilder(self.renderer.render(s, add_generation_prompt=True)), s)
+            for env, s in zip(envs, starts, strict=True)
+        ]
+
+    def _first_samples(self, episodes: list[_Episode], n: int) -> list[Any]:
+        """The first turn of every episode: n samples per prompt when the environments start
+        each group of n alike (the usual case), else one sample per episode."""
+        contexts = [e.builder.build().token_ids.tolist() for e in episodes]
+        groups = [contexts[k : k + n] for k in range(0, len(contexts), n)]
+        if all(all(c == g[0] for c in g) for g in groups):
+            return [s for g in self._generate([g[0] for g in groups], n) for s in g]
+        return [g[0] for g in self._generate(contexts, 1)]
+
+    def _answer(self, episode: _Episode, result: EnvStep, last_turn: bool) -> bool:
+        """Apply the environment's answer to the episode's last turn; False when it ends."""
+        if result.reward is not None:
+            episode.env_reward = float(result.reward)
+        if result.done or episode.truncated:
             return False
-        inserted = self.renderer.continuation(episode.conversation, [reply])
+        messages = inserted_messages(result)
+        inserted = self.renderer.continuation(episode.conversation, messages)
         context = episode.builder.num_tokens + len(inserted)
         if last_turn or context + self.max_tokens > self.max_model_len:
-            episode.truncated = True  # the tool answered, but no turn (or room) is left
+            episode.truncated = True  # the environment answered, but no turn (or room) is left
             return False
         episode.builder.add_inserted(inserted)
-        episode.conversation = (*episode.conversation, reply)
+        episode.conversation = (*episode.conversation, *messages)
         episode.tool_turns += 1
         return True
 
