@@ -154,10 +154,11 @@ class Trainer:
             if count
         ]
         reports = run_micro_batches(self.model, shares, self._train_micro_batch)
-        sums = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
+        sums: dict[str, Any] = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
         for report in reports:
             for name, value in report.items():
-                sums[name] += value
+                sums[name] = sums[name] + value
+        sums = dict(zip(sums, _read_floats(list(sums.values())), strict=True))
         self._sum_tied_embedding_grads()
         lr, norms = self._optimizer_step()
         self._refresh_mtp_embedding()
@@ -255,8 +256,9 @@ class Trainer:
         out = self._stage_forward(batch.to(self.device), self.plan)
         if not isinstance(out, HeadLossOutput):
             return out
-        report = {"loss": share * float(out.loss.detach())}
-        report.update({name: share * float(value) for name, value in out.metrics.items()})
+        # Detached device scalars: reading them here would stall the GPU before backward.
+        report = {"loss": share * out.loss.detach()}
+        report.update({name: share * value for name, value in out.metrics.items()})
         return out.loss * share, report
 
     def _logprob_micro_batch(self, batch: PackedBatch) -> Any:
@@ -406,3 +408,10 @@ def _ensure_parallel(recipe: Recipe) -> None:
             "mtprun.runner.trainer.parallel.init_parallel(...) in each of them before Trainer(...)"
         )
     init_parallel(recipe.parallel, 0, 1, "127.0.0.1", free_port(), seed=recipe.seed)
+
+
+def _read_floats(values: list[float | torch.Tensor]) -> list[float]:
+    """The values as floats, the device scalars among them read in one transfer."""
+    tensors = [v.double() for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack(tensors).tolist() if tensors else [])
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
