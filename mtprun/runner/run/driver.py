@@ -331,9 +331,13 @@ class Driver:
     def _save(self) -> None:
         if self.saved_step == self.step or self.trainer is None:
             return
-        partial = checkpoint.begin(self.run_dir.checkpoints, self.step)
-        self.trainer.save(str(partial))
-        final = checkpoint.publish(partial, {"step": self.step})
+        trainer = self.trainer
+        final = checkpoint.write(
+            self.run_dir.checkpoints,
+            self.step,
+            lambda folder: trainer.save(str(folder)),
+            {"step": self.step},
+        )
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
         log.info("checkpoint: %s", final)
