@@ -169,6 +169,10 @@ def main() -> None:
             for e in sorted(kernels, key=lambda e: -e.device_time_total)[: args.top]
         ],
         "idle_gaps": gaps,
+        "host_top": [
+            [e.key[:80], round(e.self_cpu_time_total / 1e3, 2), e.count]
+            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.top]
+        ],
     }
     print(json.dumps(result, indent=1))
     if args.json:
