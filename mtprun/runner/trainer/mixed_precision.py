@@ -2,7 +2,7 @@
 
 The policy's weights are bf16 (what the GPU computes with). Megatron-core's DDP gives every
 parameter a float32 `main_grad` in one contiguous buffer; the linear layers' weight-gradient
-GEMMs accumulate into it directly (`wgrad_fusion`), the other parameters' bf16 gradients are
+GEMMs accumulate into it directly (`apex_standins`), the other parameters' bf16 gradients are
 added as soon as they are produced. DDP sums the buffer over the data-parallel x
 context-parallel ranks once per step (the trainer's losses are already weighted by each
 share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-scattered so
@@ -24,8 +24,11 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+from mtprun.runner.trainer.apex_standins import (
+    accumulate_wgrad_in_main_grad,
+    use_foreach_multi_tensor_ops,
+)
 from mtprun.runner.trainer.optim import lr_factor
-from mtprun.runner.trainer.wgrad_fusion import accumulate_wgrad_in_main_grad
 from mtprun.spec.trainer import TrainerSection
 
 
@@ -55,6 +58,7 @@ class MegatronMixedPrecision:
             module=model,
         )
         accumulate_wgrad_in_main_grad(model)  # after DDP: it gives each weight main_grad
+        use_foreach_multi_tensor_ops()
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
                 optimizer="adam" if trainer.optimizer == "adamw" else "sgd",
