@@ -125,34 +125,56 @@ def _valid_term(item: Any) -> LossTerm | None:
         return None
 
 
-# Paths in a recipe that name files, resolved against the file that sets them. Sources are
-# files only when they end in .jsonl; otherwise they name built-in synthetic tasks.
-_FILE_FIELDS: tuple[tuple[KeyPath, bool], ...] = (
-    (("model", "path"), False),
-    (("data", "source"), True),
-    (("task", "name"), True),
-    (("warmstart", "data", "source"), True),
+# Values in a recipe that name files, resolved against the file that sets them. How to read
+# each: "file" a path; "source" a path unless it names a built-in synthetic task; "dataset" a
+# path, or a mapping whose `path` is one; "reward" the file of a `file.py:function` reference.
+_FILE_FIELDS: tuple[tuple[KeyPath, str], ...] = (
+    (("model", "path"), "file"),
+    (("data", "source"), "dataset"),
+    (("task", "name"), "source"),
+    (("task", "prompts"), "dataset"),
+    (("task", "reward"), "reward"),
+    (("warmstart", "data", "source"), "dataset"),
+    (("eval", "prompts"), "dataset"),
 )
 
 
 def _resolve_relative_paths(doc: Document) -> None:
-    paths = list(_FILE_FIELDS)
+    fields = list(_FILE_FIELDS)
     losses = doc.get(("losses",))
     if isinstance(losses, list):
-        paths += [(("losses", i, "teacher"), False) for i in range(len(losses))]
-    for path, jsonl_only in paths:
+        fields += [(("losses", i, "teacher"), "file") for i in range(len(losses))]
+    for path, kind in fields:
         value = doc.get(path)
-        if not isinstance(value, str) or os.path.isabs(value):
+        if isinstance(value, dict) and kind == "dataset":
+            path, value = (*path, "path"), value.get("path")
+        if not isinstance(value, str):
             continue
-        if jsonl_only and not value.endswith(".jsonl"):
-            continue
-        file = doc.position(path).file
-        if file.startswith("<override"):
-            continue  # command-line paths are relative to the working directory already
-        parent = doc.get(path[:-1])
-        parent[path[-1]] = os.path.normpath(
-            os.path.join(os.path.dirname(os.path.abspath(file)), value)
-        )
+        if kind == "reward":
+            target, _, function = value.rpartition(":")
+            if target.endswith(".py"):
+                _set_relative(doc, path, target, suffix=f":{function}")
+        elif kind == "file" or not _is_builtin_task(value):
+            _set_relative(doc, path, value)
+
+
+def _is_builtin_task(name: str) -> bool:
+    # Imported here: the data package owns the registry, and a recipe without sources never
+    # needs it.
+    from mtprun.data.tasks import TASKS
+
+    return name in TASKS
+
+
+def _set_relative(doc: Document, path: KeyPath, value: str, suffix: str = "") -> None:
+    """Replace the value at `path` by `value` (+ `suffix`) made absolute against the file
+    that wrote it; command-line paths are relative to the working directory already."""
+    file = doc.position(path).file
+    if os.path.isabs(value) or file.startswith("<override"):
+        return
+    parent = doc.get(path[:-1])
+    absolute = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(file)), value))
+    parent[path[-1]] = absolute + suffix
 
 
 def _file_order(doc: Document) -> Callable[[str], tuple[int, str]]:

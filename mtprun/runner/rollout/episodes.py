@@ -9,8 +9,7 @@ template tokens (never sampled, hence untrained under the `sampled` mask).
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +20,11 @@ from mtprun.data.batch import PackedBatch
 from mtprun.data.messages import Conversation
 from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer
-from mtprun.data.tasks import Prompt, get_reward, get_task
+from mtprun.data.tasks import Prompt, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
 from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.rollout.rewards import EpisodeScorer
 from mtprun.spec import Recipe
 
 
@@ -37,6 +37,7 @@ class Episodes:
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # components, errors
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -48,6 +49,7 @@ class Episodes:
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
             "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
+            **self.reward_metrics,
         }
 
     def sample_text(self, limit: int) -> str:
@@ -60,6 +62,15 @@ class Episodes:
             answer = self.prompts[k // n].answer
             blocks.append(f"episode {k} reward {reward:g} (answer {answer!r})\n{turns}")
         return "\n\n".join(blocks) + "\n"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Overrides of the rollout section's sampling (None: the section's value)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -86,23 +97,30 @@ class EpisodeCollector:
         self.task_section = recipe.task
         self.max_tokens = recipe.rollout.max_tokens
         self.seed = recipe.seed
-        self.task = get_task(recipe.task.name)
-        self.reward = get_reward(recipe.task.reward)
+        self.task = task_for(recipe.task, recipe.seed, Path(recipe.run_dir) / "datasets")
+        self.scorer = EpisodeScorer.for_task(recipe.task)
         self.renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 
     def collect(self, step: int) -> Episodes:
+        """The episodes of RL step `step`."""
         section = self.task_section
-        n = section.samples_per_prompt
-        prompts = self.task.prompts(section.prompts_per_step, seed=_step_seed(self.seed, step))
+        prompts = self.task.step_prompts(section.prompts_per_step, self.seed, step)
+        return self.run(prompts, section.samples_per_prompt)
+
+    def run(self, prompts: list[Prompt], n: int, sampling: Sampling | None = None) -> Episodes:
+        """n episodes of each prompt, sampled with the rollout section's settings unless
+        `sampling` overrides them (evaluation), and scored."""
+        section = self.task_section
+        sampling = sampling or Sampling()
         rendered = [self.renderer.render(p.messages, add_generation_prompt=True) for p in prompts]
         episodes = [
             _Episode(TrajectoryBuilder(r), p.messages)
             for p, r in zip(prompts, rendered, strict=True)
             for _ in range(n)
         ]
-        groups = self._generate([r.token_ids.tolist() for r in rendered], n)
+        groups = self._generate([r.token_ids.tolist() for r in rendered], n, sampling)
         active, samples = episodes, [s for g in groups for s in g]
         for turn in range(1, section.max_turns + 1):
             for episode, sample in zip(active, samples, strict=True):
@@ -113,17 +131,19 @@ class EpisodeCollector:
             if not active:
                 break
             contexts = [e.builder.build().token_ids.tolist() for e in active]
-            samples = [g[0] for g in self._generate(contexts, 1)]
+            samples = [g[0] for g in self._generate(contexts, 1, sampling)]
 
-        rewards = [self.reward(e.conversation, prompts[k // n]) for k, e in enumerate(episodes)]
+        episode_prompts = [p for p in prompts for _ in range(n)]
+        scores = self.scorer.score(episode_prompts, [e.conversation for e in episodes])
         return Episodes(
             prompts=prompts,
             conversations=[e.conversation for e in episodes],
             trajectories=[e.builder.build() for e in episodes],
-            rewards=torch.tensor(rewards, dtype=torch.float32).view(len(prompts), n),
+            rewards=torch.tensor(scores.totals, dtype=torch.float32).view(len(prompts), n),
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
             tool_turns=[e.tool_turns for e in episodes],
+            reward_metrics=scores.metrics(),
         )
 
     def _tool_answers(self, episode: _Episode, last_turn: bool) -> bool:
@@ -152,15 +172,19 @@ class EpisodeCollector:
             pad_id=self.renderer.tokenizer.pad_token_id,
         )
 
-    def _generate(self, contexts: list[list[int]], n: int) -> list[list[Any]]:
+    def _generate(self, contexts: list[list[int]], n: int, sampling: Sampling) -> list[list[Any]]:
         return self.pool.generate(
-            contexts, n, max_tokens=self.max_tokens, stop_token_ids=self.renderer.stop_token_ids
+            contexts,
+            n,
+            max_tokens=sampling.max_tokens or self.max_tokens,
+            stop_token_ids=self.renderer.stop_token_ids,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
         )
 
-
-def _step_seed(seed: int, step: int) -> int:
-    # Distinct, reproducible prompts per step: a resumed step sees the same prompts.
-    return random.Random(f"{seed}:{step}").randrange(2**31)
+    def close(self) -> None:
+        """Stop the reward workers."""
+        self.scorer.close()
 
 
 def _message_text(message: Any) -> str:
