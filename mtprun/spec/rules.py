@@ -404,13 +404,15 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
         file = source if isinstance(source, str) else source.path
         where = path if isinstance(source, str) else (*path, "path")
         if not os.path.exists(file):
-            builtin = (
-                f"neither a built-in task{did_you_mean(os.path.basename(file), TASKS)} "
-                f"({', '.join(TASKS)}) nor "
-                if isinstance(source, str)
-                else ""
+            if file.endswith(DATA_FILE_SUFFIXES) or not isinstance(source, str):
+                yield Issue(where, f"file not found: {file}")
+                continue
+            name = os.path.basename(file)
+            yield Issue(
+                where,
+                f"unknown built-in task '{name}'{did_you_mean(name, TASKS)}; built-in: "
+                f"{', '.join(TASKS)}; or a dataset file or folder (none at {file})",
             )
-            yield Issue(where, f"{builtin}a file or folder: {file} not found")
         elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
             yield Issue(
                 where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}"

@@ -67,3 +67,17 @@ def make_random_conversation(rng: random.Random) -> Conversation:
     if rng.random() < 0.5:
         messages.append(Message("user", text()))
     return tuple(messages)
+
+
+@pytest.fixture
+def reward_of() -> Callable[[str], Callable[[Conversation, object], float]]:
+    """The registered reward `name` as a function of (conversation, prompt)."""
+    from mtprun.data.rewards import RewardInput, call_reward, load_reward
+
+    def reward(name: str) -> Callable[[Conversation, object], float]:
+        fn = load_reward(name)
+        return lambda conversation, prompt: call_reward(fn, RewardInput.of(prompt, conversation))[
+            "total"
+        ]
+
+    return reward
