@@ -3,9 +3,9 @@
 A path is a `.jsonl`, `.parquet`, `.arrow` or `.csv` file, a folder of such files (one
 format, read in name order as one table), or a folder written by `datasets.save_to_disk`.
 Rows stay on disk: Arrow files and `save_to_disk` folders are mapped as they are; parquet and
-csv go through `datasets`' Arrow cache; a `.jsonl` file is copied line by line into an Arrow
-file of its raw lines, so that a line which is not valid JSON is one bad record, reported by
-its line number, and not a failure of the whole file.
+csv files are copied batch by batch into an Arrow file that is mapped; a `.jsonl` file is
+copied the same way as its raw lines, so that a line which is not valid JSON is one bad
+record, reported by its line number, and not a failure of the whole file.
 
 A bad record does not cost the good ones: the caller parses each row, reports every bad one
 as `file:line: reason` (`.jsonl`) or `file: row N: reason` (0-based rows of other files) and
@@ -123,6 +123,7 @@ def scan(
                 good.append(start + offset)
             except ValueError as err:
                 errors.append(table.where(start + offset, str(err)))
+    _release_arrow_memory()
     for error in errors:
         logger.warning("skipping bad record %s", error)
     if not good:
@@ -167,30 +168,24 @@ def _files_table(
     import datasets
 
     datasets.disable_progress_bars()
-    cache = str(cache_dir) if cache_dir is not None else None
     parts = []
     for file in files:
         try:
             if suffix == ".arrow":
                 parts.append(datasets.Dataset.from_file(str(file)))
-            elif suffix == ".jsonl":
-                parts.append(_jsonl_table(file, cache_dir))
             else:
-                builder = "parquet" if suffix == ".parquet" else "csv"
-                parts.append(
-                    datasets.load_dataset(
-                        builder, data_files=str(file), split="train", cache_dir=cache
-                    )
-                )
+                parts.append(_converted(file, suffix, cache_dir))
         except OSError as err:
             raise DataFileError(f"cannot read data file {file}: {err}") from err
         except Exception as err:  # pyarrow and datasets raise many kinds for a broken file
-            raise DataFileError(f"cannot read data file {file}: {type(err).__name__}: {err}") from err
+            raise DataFileError(
+                f"cannot read data file {file}: {type(err).__name__}: {err}"
+            ) from err
     starts = np.cumsum([0, *(len(p) for p in parts[:-1])]).tolist()
     try:
         dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     except ValueError as err:
-        raise DataFileError(f"the files of {files[0].parent} do not share columns: {err}") from err
+        raise DataFileError(f"the files of {path} do not share columns: {err}") from err
     return Table(path, dataset, files, starts, is_jsonl=suffix == ".jsonl")
 
 
@@ -206,36 +201,80 @@ def _saved_dataset(path: Path) -> Table:
     return Table(path, dataset, [path], [0], is_jsonl=False)
 
 
-def _jsonl_table(file: Path, cache_dir: str | Path | None) -> Any:
-    """The file's non-blank lines, raw, in an Arrow file read back memory-mapped (written
-    batch by batch: the file is never held whole). The Arrow file is unlinked once mapped:
-    the mapping keeps it readable and nothing is left behind."""
+def _converted(file: Path, suffix: str, cache_dir: str | Path | None) -> Any:
+    """`file` copied batch by batch into an Arrow file that is read back memory-mapped: the
+    file is never held whole. The copy is unlinked once mapped (the mapping keeps it
+    readable), so nothing is left behind."""
     import datasets
     import pyarrow as pa
 
+    batches = _jsonl_batches(file) if suffix == ".jsonl" else _table_batches(file, suffix)
     folder = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir())
     folder.mkdir(parents=True, exist_ok=True)
     handle, arrow_path = tempfile.mkstemp(prefix=f"{file.stem}-", suffix=".arrow", dir=folder)
     os.close(handle)
+    try:
+        first = next(batches)
+        with pa.OSFile(arrow_path, "wb") as sink, pa.ipc.new_stream(sink, first.schema) as out:
+            out.write_batch(first)
+            for batch in batches:
+                out.write_batch(batch)
+        _release_arrow_memory()
+        return datasets.Dataset.from_file(arrow_path)
+    finally:
+        os.unlink(arrow_path)
+
+
+def _table_batches(file: Path, suffix: str) -> Iterator[Any]:
+    import pyarrow as pa
+    import pyarrow.csv
+    import pyarrow.parquet as pq
+
+    if suffix == ".parquet":
+        # One row group at a time: ParquetFile.iter_batches keeps what it decoded alive
+        # until the reader closes (pyarrow 25), i.e. the whole file by the end.
+        reader = pq.ParquetFile(file)
+        schema = reader.schema_arrow
+        batches: Iterator[Any] = (
+            batch
+            for group in range(reader.num_row_groups)
+            for batch in reader.read_row_group(group, use_threads=False).to_batches(_SCAN_BATCH)
+        )
+    else:
+        reader = pyarrow.csv.open_csv(file)
+        schema = reader.schema
+        batches = iter(reader)
+    yielded = False
+    for batch in batches:
+        yielded = True
+        yield batch
+    if not yielded:
+        yield pa.RecordBatch.from_pylist([], schema=schema)
+
+
+def _jsonl_batches(file: Path) -> Iterator[Any]:
+    """The file's non-blank lines, raw, with their line numbers."""
+    import pyarrow as pa
+
     schema = pa.schema([(_RAW, pa.large_string()), (_LINE, pa.int64())])
-    with open(file, encoding="utf-8") as lines, pa.OSFile(arrow_path, "wb") as sink:
-        writer = pa.ipc.new_stream(sink, schema)
-        texts: list[str] = []
-        numbers: list[int] = []
+    texts: list[str] = []
+    numbers: list[int] = []
+    with open(file, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             if line.strip():
                 texts.append(line)
                 numbers.append(number)
             if len(texts) == _SCAN_BATCH:
-                writer.write_batch(pa.record_batch([texts, numbers], schema=schema))
+                yield pa.record_batch([texts, numbers], schema=schema)
                 texts, numbers = [], []
-        if texts or not numbers:
-            writer.write_batch(pa.record_batch([texts, numbers], schema=schema))
-        writer.close()
-    try:
-        return datasets.Dataset.from_file(arrow_path)
-    finally:
-        os.unlink(arrow_path)
+    yield pa.record_batch([texts, numbers], schema=schema)
+
+
+def _release_arrow_memory() -> None:
+    # Arrow's allocator keeps the pages of freed batches resident unless asked to return them.
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _decoded(row: dict[str, Any], is_jsonl: bool) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mtprun.data.dataset_files import Records, Table, open_table, scan
+from mtprun.data.dataset_files import DataFileError, Records, Table, open_table, scan
 from mtprun.data.messages import Conversation, ConversationError, Message, parse_conversation
 from mtprun.data.tasks.base import Prompt
 
@@ -97,9 +97,20 @@ def read_conversations(spec: DatasetSpec, cache_dir: str | Path | None = None) -
 
 
 def _read_columns(columns: ColumnMap, table: Table) -> list[str] | None:
-    """The columns a scan needs (the others are never read while scanning)."""
+    """The columns a scan needs (the others are never read while scanning); raises
+    DataFileError when the table lacks the prompt column or a named answer column."""
     if table.is_jsonl:
         return None
+    names = table.columns
+    prompt, _ = _prompt_column(columns, names)
+    wanted = [prompt] + ([columns.answer] if columns.answer != "answer" else [])
+    for column in wanted:
+        if column not in names:
+            raise DataFileError(
+                f'{table.path}: no "{column}" column (columns: {", ".join(map(repr, names))}); '
+                "name the dataset's columns with columns: {prompt: NAME} or {messages: NAME}, "
+                "and {answer: NAME}"
+            )
     return [c for c in (columns.prompt, columns.messages, columns.answer, "prompt", "messages") if c]
 
 

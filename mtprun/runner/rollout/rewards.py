@@ -161,6 +161,11 @@ class RewardPool:
         self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
         self._thread.start()
 
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current workers."""
+        return [w.process.pid for w in self._workers]
+
     def submit(self, episode: RewardInput) -> Future[RewardOutcome]:
         job = _Job(episode, Future())
         with self._lock:
