@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
     from mtprun.data.render import renderer_for
-    from mtprun.data.sft import load_conversations
     from mtprun.data.rewards import RewardInput, call_reward, load_reward
+    from mtprun.data.sft import load_conversations
     from mtprun.data.tasks import task_for
     from mtprun.data.trajectory import expert_rollout
 

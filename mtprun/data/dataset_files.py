@@ -162,9 +162,7 @@ def open_table(path: str | Path, cache_dir: str | Path | None = None) -> Table:
     return _files_table(path, files, suffixes[0], cache_dir)
 
 
-def _files_table(
-    path: Path, files: list[Path], suffix: str, cache_dir: str | Path | None
-) -> Table:
+def _files_table(path: Path, files: list[Path], suffix: str, cache_dir: str | Path | None) -> Table:
     import datasets
 
     datasets.disable_progress_bars()

@@ -84,9 +84,9 @@ class PromptDataset:
         return self._epoch_orders[epoch]
 
 
-def read_conversations(spec: DatasetSpec, cache_dir: str | Path | None = None) -> Records[
-    Conversation
-]:
+def read_conversations(
+    spec: DatasetSpec, cache_dir: str | Path | None = None
+) -> Records[Conversation]:
     """Every good conversation of an SFT dataset (bad rows in `.errors`), in the recipe's
     order: a seeded shuffle is applied by the SFT source per epoch, so rows stay in file
     order here."""
@@ -111,7 +111,9 @@ def _read_columns(columns: ColumnMap, table: Table) -> list[str] | None:
                 "name the dataset's columns with columns: {prompt: NAME} or {messages: NAME}, "
                 "and {answer: NAME}"
             )
-    return [c for c in (columns.prompt, columns.messages, columns.answer, "prompt", "messages") if c]
+    return [
+        c for c in (columns.prompt, columns.messages, columns.answer, "prompt", "messages") if c
+    ]
 
 
 def _prompt_column(columns: ColumnMap, names: list[str] | dict[str, Any]) -> tuple[str, bool]:

@@ -135,9 +135,7 @@ class TaskSection(Section):
         "returned a non-finite value; `fail` stops the run with the prompt, the completion "
         "and the traceback.",
     )
-    reward_workers: int = Field(
-        2, ge=1, description="Processes that score episodes in parallel."
-    )
+    reward_workers: int = Field(2, ge=1, description="Processes that score episodes in parallel.")
     template: Template = Field("char", description="Chat template used to render prompts.")
     samples_per_prompt: int = Field(8, ge=1, description="Rollouts per prompt (the GRPO group).")
     prompts_per_step: int = Field(8, ge=1, description="Prompts per optimizer step.")

@@ -414,9 +414,7 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
                 f"{', '.join(TASKS)}; or a dataset file or folder (none at {file})",
             )
         elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
-            yield Issue(
-                where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}"
-            )
+            yield Issue(where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}")
 
 
 @rule("eval", "task")

@@ -84,7 +84,9 @@ def test_a_file_without_good_records_lists_every_bad_line(tmp_path) -> None:
 def test_an_empty_file_is_a_clear_error(tmp_path) -> None:
     path = tmp_path / "empty.jsonl"
     path.write_text("\n")
-    with pytest.raises(DataFileError, match=r"no usable record in .*empty.jsonl: \(it has no rows\)"):
+    with pytest.raises(
+        DataFileError, match=r"no usable record in .*empty.jsonl: \(it has no rows\)"
+    ):
         read_conversations(path)
 
 

@@ -95,4 +95,3 @@ def test_registries_import_without_torch() -> None:
         "heavy = {'torch', 'transformers'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-

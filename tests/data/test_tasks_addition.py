@@ -28,4 +28,3 @@ def test_addition_reward_scores_the_exact_sum(reward_of) -> None:
         assert reward(wrong, prompt) == 0.0
         padded = (*demonstration[:-1], Message("assistant", f" {prompt.answer}\n"))
         assert reward(padded, prompt) == 1.0
-

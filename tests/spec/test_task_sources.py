@@ -48,7 +48,9 @@ def test_a_reward_file_relative_to_the_recipe_validates(write_recipe, located, r
     assert located(write_recipe(_rl(reward))) == []
 
 
-def test_a_reward_module_on_the_python_path_validates(write_recipe, located, monkeypatch, reward_file):
+def test_a_reward_module_on_the_python_path_validates(
+    write_recipe, located, monkeypatch, reward_file
+):
     monkeypatch.syspath_prepend(str(reward_file.parent))
     assert located(write_recipe(_rl("mine:score"))) == []
 

@@ -1,9 +1,9 @@
 """Rewards: built-in ones by name, user functions by reference, one calling convention.
 
-    registry.REWARDS / register_reward     the built-ins (exact_answer, math, ...)
-    reference.load_reward(name)            a built-in, `pkg.module:function` or `file.py:function`
-    reference.reward_problem(name)         what is wrong with a reference (validate)
-    call.RewardInput / call.call_reward    one episode scored: components with a `total`
+registry.REWARDS / register_reward     the built-ins (exact_answer, math, ...)
+reference.load_reward(name)            a built-in, `pkg.module:function` or `file.py:function`
+reference.reward_problem(name)         what is wrong with a reference (validate)
+call.RewardInput / call.call_reward    one episode scored: components with a `total`
 """
 
 from mtprun.data.rewards import builtin  # noqa: F401 (registers the built-in rewards)

@@ -102,7 +102,7 @@ def reward_components(result: Any) -> dict[str, float]:
 
 
 def _number(what: str, value: Any) -> float:
-    if isinstance(value, bool) or isinstance(value, numbers.Real):
+    if isinstance(value, numbers.Real):  # bool and numpy floats included
         number = float(value)
     else:
         raise RewardValueError(

@@ -148,6 +148,7 @@ def _described(target: str) -> str:
 
 def _unknown_builtin(name: str) -> str:
     return (
-        f"unknown reward {name!r}{did_you_mean(name, REWARDS)}; built-in: {', '.join(REWARDS)}; or a "
-        "function of yours: `package.module:function` or `path/to/file.py:function`"
+        f"unknown reward {name!r}{did_you_mean(name, REWARDS)}; built-in: "
+        f"{', '.join(REWARDS)}; or a function of yours: `package.module:function` or "
+        "`path/to/file.py:function`"
     )

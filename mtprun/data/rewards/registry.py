@@ -23,4 +23,3 @@ def register_reward(*names: str) -> Callable[[RewardFn], RewardFn]:
         return fn
 
     return register
-

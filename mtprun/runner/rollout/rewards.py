@@ -234,7 +234,9 @@ class RewardPool:
             kind, payload = worker.conn.recv()
         except (EOFError, OSError):
             worker.process.join(timeout=5)
-            self._replace(worker, f"the reward's process died (exit code {worker.process.exitcode})")
+            self._replace(
+                worker, f"the reward's process died (exit code {worker.process.exitcode})"
+            )
             return
         if kind == _READY:
             worker.ready = True

@@ -35,9 +35,7 @@ class RolloutWorker:
         temperature: float | None = None,
         top_p: float | None = None,
     ) -> list[list[Any]]:
-        return self.engine.generate(
-            prompts, n, max_tokens, stop_token_ids, temperature, top_p
-        )
+        return self.engine.generate(prompts, n, max_tokens, stop_token_ids, temperature, top_p)
 
     def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
         return self.engine.update_weights(weights.items())

@@ -13,7 +13,6 @@ step+1 next: nothing lost, nothing logged twice.
 from __future__ import annotations
 
 import logging
-import os
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -31,6 +30,7 @@ from mtprun.runner.run import checkpoint
 from mtprun.runner.run.evaluation import Evaluator, with_evaluation
 from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.run.progress import RunProgress, summary_line
+from mtprun.runner.run.ray_session import connect_ray
 from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage, plan_stages
@@ -153,22 +153,7 @@ class Driver:
                 )
 
     def _connect_ray(self, address: str | None) -> None:
-        address = address or self.recipe.resources.ray_address
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        if address:
-            log.info("joining the Ray cluster at %s", address)
-            ray.init(address=address, log_to_driver=False)
-        else:
-            res = self.recipe.resources
-            temp_dir = self.run_dir.ray_temp_dir()
-            log.info("starting a local Ray instance (temp folder %s)", temp_dir)
-            ray.init(
-                num_cpus=res.num_cpus,
-                num_gpus=res.num_gpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                _temp_dir=str(temp_dir),
-            )
+        connect_ray(self.recipe, self.run_dir, address)
 
     def _shutdown(self) -> None:
         self._stop_engines(trainer=True)
