@@ -95,11 +95,13 @@ def test_the_user_reward_components_and_errors_are_logged(user_run):
 def test_eval_runs_every_2_steps_and_at_the_end_on_the_heldout_rows(user_run):
     record, total = user_run["record"], 1 + STEPS
     # Global steps: 1 is the warm start; the GRPO stage's steps 2..4 evaluate at 2 and 4.
-    assert record.steps("eval/pass@1") == [2, 4]
-    for key in ("eval/pass@2", "eval/reward/mean", "eval/reward/correct", "eval/reward/errors"):
+    assert record.steps("eval/pass_at_1") == [2, 4]
+    for key in ("eval/pass_at_2", "eval/reward/mean", "eval/reward/correct", "eval/reward/errors"):
         assert record.steps(key) == [2, total], key
     assert record.values("eval/prompts") == [HELDOUT, HELDOUT]
-    for p1, p2 in zip(record.values("eval/pass@1"), record.values("eval/pass@2"), strict=True):
+    for p1, p2 in zip(
+        record.values("eval/pass_at_1"), record.values("eval/pass_at_2"), strict=True
+    ):
         assert 0.0 <= p1 <= p2 <= 1.0
 
 
@@ -108,8 +110,8 @@ def test_mtprun_eval_scores_a_saved_checkpoint(user_run):
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"evaluation of step {1 + STEPS}:" in done.stdout
     saved = json.loads((run_dir / "eval" / f"step_{1 + STEPS}.json").read_text())
-    assert saved["eval/prompts"] == HELDOUT and 0.0 <= saved["eval/pass@2"] <= 1.0
+    assert saved["eval/prompts"] == HELDOUT and 0.0 <= saved["eval/pass_at_2"] <= 1.0
     history = user_run["record"].client.get_metric_history(
-        user_run["record"].run_id, "eval/pass@2"
+        user_run["record"].run_id, "eval/pass_at_2"
     )
     assert sum(m.step == 1 + STEPS for m in history) == 2  # the run's and mtprun eval's

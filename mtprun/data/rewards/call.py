@@ -19,6 +19,7 @@ import asyncio
 import inspect
 import math
 import numbers
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from mtprun.data.tasks.base import Prompt
 
 REWARD_ARGUMENTS = ("prompt", "completion", "messages", "answer")
 RESERVED_COMPONENTS = ("mean", "std", "errors")  # reward/<name> metrics mtprun logs itself
+_METRIC_NAME = re.compile(r"[A-Za-z0-9_./-]+")  # a subset of what MLflow accepts
 
 
 class RewardValueError(ValueError):
@@ -90,7 +92,7 @@ def reward_components(result: Any) -> dict[str, float]:
                 f"returned a mapping without 'total' (keys: {', '.join(map(str, result))}); "
                 "a mapping of components needs the episode's reward under 'total'"
             )
-        components = {str(k): _number(f"component {k!r}", v) for k, v in result.items()}
+        components = {_name(k): _number(f"component {k!r}", v) for k, v in result.items()}
         reserved = sorted(set(components) & set(RESERVED_COMPONENTS))
         if reserved:
             raise RewardValueError(
@@ -99,6 +101,14 @@ def reward_components(result: Any) -> dict[str, float]:
             )
         return components
     return {"total": _number("the reward", result)}
+
+
+def _name(key: Any) -> str:
+    if not isinstance(key, str) or not _METRIC_NAME.fullmatch(key):
+        raise RewardValueError(
+            f"component name {key!r} is not a metric name: use letters, digits and _ - . /"
+        )
+    return key
 
 
 def _number(what: str, value: Any) -> float:

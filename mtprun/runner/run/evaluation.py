@@ -3,7 +3,7 @@
 
 An evaluation samples `eval.samples` completions of each prompt (multi-turn tasks included)
 with the eval section's sampling, scores them with the task's reward, and reports, under
-`eval/`: `reward/mean`, each reward component, `reward/errors`, `pass@k` for each k of
+`eval/`: `reward/mean`, each reward component, `reward/errors`, `pass_at_k` (pass@k) for each k of
 `eval.pass_k` (a sample passes when its reward is >= `eval.pass_threshold`), `response/length`
 and `prompts`.
 """
@@ -74,7 +74,7 @@ class Evaluator:
         }
         for k in section.pass_k:
             scores = [pass_at_k(section.samples, c, k) for c in passed]
-            metrics[f"eval/pass@{k}"] = sum(scores) / len(scores)
+            metrics[f"eval/pass_at_{k}"] = sum(scores) / len(scores)
         metrics["time/eval_s"] = time.perf_counter() - start
         return metrics
 
