@@ -35,17 +35,17 @@ def evaluate_checkpoint(
     run_dir = RunDir(path)
     state = run_dir.read_state()
     with RunLock(run_dir.root).acquire("mtprun eval"):
-        recipe = Recipe.model_validate_json(run_dir.recipe_json.read_text())
-        if recipe.task is None:
-            raise ValueError(f"{run_dir.root} ran SFT (no `task:`): there is no reward to evaluate")
-        if recipe.eval is None:
-            recipe = recipe.model_copy(update={"eval": EvalSection()})
         step = step if step is not None else checkpoint.latest(run_dir.checkpoints)
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {run_dir.checkpoints} yet")
         policy = checkpoint.step_dir(run_dir.checkpoints, step) / "hf"
         if not policy.is_dir():
             raise FileNotFoundError(f"no checkpoint for step {step} in {run_dir.checkpoints}")
+        recipe = Recipe.model_validate_json(run_dir.recipe_json.read_text())
+        if recipe.task is None:
+            raise ValueError(f"{run_dir.root} ran SFT (no `task:`): there is no reward to evaluate")
+        if recipe.eval is None:
+            recipe = recipe.model_copy(update={"eval": EvalSection()})
         metrics = _evaluate(recipe, run_dir, policy, ray_address)
         write_json_atomic(run_dir.root / "eval" / f"step_{step}.json", metrics)
         _log(state, step, metrics)
