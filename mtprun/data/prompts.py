@@ -39,7 +39,7 @@ class PromptDataset:
         rows, self.errors = scan(self.table, self._parse, _read_columns(spec.columns, self.table))
         held = spec.heldout_rows(len(rows))
         if held >= len(rows):
-            raise ValueError(
+            raise DataFileError(
                 f"{spec.path}: heldout {spec.heldout} leaves no training row of {len(rows)} "
                 "good rows"
             )
@@ -59,9 +59,6 @@ class PromptDataset:
             epoch, index = divmod(position, size)
             out.append(self.prompt(int(self.train_rows[self._order(epoch)[index]])))
         return out
-
-    def epoch_of(self, position: int) -> int:
-        return position // len(self.train_rows)
 
     def heldout(self, limit: int | None = None) -> list[Prompt]:
         rows = self.heldout_rows if limit is None else self.heldout_rows[:limit]

@@ -79,8 +79,8 @@ class DatasetSpec(Section):
         return min(int(self.heldout), rows)
 
 
-def _path_shorthand(value: Any) -> Any:
-    # `prompts: file.parquet` is `prompts: {path: file.parquet}`.
+def path_shorthand(value: Any) -> Any:
+    """`prompts: file.parquet` is `prompts: {path: file.parquet}` (a field validator)."""
     return {"path": value} if isinstance(value, str) else value
 
 
@@ -146,7 +146,7 @@ class TaskSection(Section):
         "between turns (multi-turn tool use).",
     )
 
-    _prompts_path = field_validator("prompts", mode="before")(_path_shorthand)
+    _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
 
     @field_validator("reward_on_error")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from mtprun.spec.base import Section
-from mtprun.spec.data import DatasetSpec, _path_shorthand
+from mtprun.spec.data import DatasetSpec, path_shorthand
 
 
 class EvalSection(Section):
@@ -42,7 +42,7 @@ class EvalSection(Section):
         None, ge=1, description="New tokens per turn (null: rollout.max_tokens)."
     )
 
-    _prompts_path = field_validator("prompts", mode="before")(_path_shorthand)
+    _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> EvalSection:
