@@ -171,6 +171,11 @@ class RewardPool:
         with self._lock:
             if self._closing:
                 raise RuntimeError("the reward pool is closed")
+            if not self._thread.is_alive():  # crashed: nothing would ever score it
+                job.future.set_result(
+                    RewardOutcome(None, self._broken or "the reward pool stopped")
+                )
+                return job.future
             self._queue.append(job)
         self._wake_write.send_bytes(b"")
         return job.future
@@ -208,9 +213,9 @@ class RewardPool:
                         self._receive(next(w for w in self._workers if w.conn is conn))
                 self._expire()
         except BaseException:  # never leave a caller waiting on a future
-            message = "reward dispatcher crashed:\n" + traceback.format_exc()
-            log.error("%s", message)
-            self._fail_all(message)
+            self._broken = "reward dispatcher crashed:\n" + traceback.format_exc()
+            log.error("%s", self._broken)
+            self._fail_all(self._broken)
         finally:
             self._fail_all("the reward pool was closed before this episode was scored")
 
@@ -227,7 +232,12 @@ class RewardPool:
                     job = self._queue.popleft()
                     job.deadline = time.monotonic() + self.timeout_s
                     worker.job = job
-                    worker.conn.send(job.episode)
+                    try:
+                        worker.conn.send(job.episode)
+                    except OSError:  # it died since its last message: retry the episode
+                        worker.job = None
+                        self._queue.appendleft(job)
+                        self._replace(worker, "")
 
     def _receive(self, worker: _Worker) -> None:
         try:
