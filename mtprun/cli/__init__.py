@@ -13,6 +13,7 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "resume",
     "export",
+    "eval",
     "ui",
     "inspect_data",
     "sync",

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if check.recipe is None:
         return EXIT_INVALID
     # torch and transformers load only once the recipe is known to be valid.
-    from mtprun.data.jsonl import DataFileError
+    from mtprun.data.dataset_files import DataFileError
 
     console = Console(highlight=False)
     try:
@@ -94,8 +94,9 @@ def run(args: argparse.Namespace) -> int:
 def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
     from mtprun.data.environment import load_environment_class
     from mtprun.data.render import renderer_for
+    from mtprun.data.rewards import RewardInput, call_reward, load_reward
     from mtprun.data.sft import load_conversations
-    from mtprun.data.tasks import get_reward, get_task
+    from mtprun.data.tasks import task_for
     from mtprun.data.trajectory import expert_rollout
 
     model_path = recipe.model.path
@@ -108,26 +109,32 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
         renderer = renderer_for(data.template, model_path)
         loaded = load_conversations(data, recipe.seed)
         samples = [Sample(renderer.render(c)) for c in loaded.records[:n]]
-        title = f"{label}: {data.source} (SFT, template {data.template})"
+        source = data.source if isinstance(data.source, str) else data.source.path
+        title = f"{label}: {source} (SFT, template {data.template})"
         yield Source(title, renderer, samples, [str(e) for e in loaded.errors])
     if recipe.task is not None:
         task_section = recipe.task
         renderer = renderer_for(task_section.template, model_path)
-        task, reward = get_task(task_section.name), get_reward(task_section.reward)
+        task = task_for(task_section, recipe.seed)
+        reward = load_reward(task_section.reward) if task_section.reward else None
         environment = (
             load_environment_class(task_section.environment) if task_section.environment else None
         )
         samples = []
         for prompt in task.prompts(n, recipe.seed):
-            trajectory, conversation, env_reward = expert_rollout(
+            trajectory, conversation, score = expert_rollout(
                 task, prompt, renderer, task_section.max_turns, environment
             )
             turns = sum(m.role == "assistant" for m in conversation)
-            score = reward(conversation, prompt) if env_reward is None else env_reward
-            note = f"{turns} assistant turn(s), reward {score:g}"
+            if score is None and reward is not None:  # the environment gave none
+                score = call_reward(reward, RewardInput.of(prompt, conversation))["total"]
+            note = f"{turns} assistant turn(s), reward " + (
+                "none" if score is None else f"{score:g}"
+            )
             samples.append(Sample(trajectory, note))
+        name = task_section.prompts.path if task_section.prompts else task_section.name
         title = (
-            f"task: {task_section.name} (RL, template {task_section.template}, "
+            f"task: {name} (RL, template {task_section.template}, "
             "scripted expert in place of the policy)"
         )
         yield Source(title, renderer, samples, [])

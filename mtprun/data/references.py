@@ -1,9 +1,10 @@
 """Python references in recipes: `package.module:Name` or `path/to/file.py:Name`.
 
-A recipe names user code (an environment class) by reference; the loader has already made a
-file path absolute against the recipe that wrote it. A file is imported once per process under
-a module name derived from its path, so validating a recipe and running it import the same
-module object.
+A recipe names user code (task.environment's class, task.reward's function) by reference; the
+loader has already made a file path absolute against the recipe that wrote it. A file is
+imported once per process under a module name derived from its path, so validating a recipe
+and running it import the same module object; its folder goes on `sys.path` first, so that it
+can import its neighbours.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from types import ModuleType
 from typing import Any
 
@@ -75,6 +77,9 @@ def _import_file(path: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise UnresolvedReference(f"cannot import {path} as a Python module")
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     module = importlib.util.module_from_spec(spec)
     # Registered before it runs, as `import` does: dataclasses and pickling look it up.
     sys.modules[module_name] = module
@@ -89,4 +94,11 @@ def _import_file(path: str) -> ModuleType:
 def _describe(err: BaseException) -> str:
     if isinstance(err, SyntaxError):
         return f"SyntaxError: {err.msg} (line {err.lineno})"
-    return f"{type(err).__name__}: {err}"
+    # The innermost frame in the user's code says where the import broke.
+    frames = [
+        f
+        for f in traceback.extract_tb(err.__traceback__)
+        if "importlib" not in f.filename and f.filename != __file__
+    ]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{where}"

@@ -1,23 +1,97 @@
-"""`data:` (SFT), `task:` (RL) and `warmstart:` (an SFT stage before RL)."""
+"""`data:` (SFT), `task:` (RL), `warmstart:` (an SFT stage before RL) and the datasets they read."""
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from mtprun.spec.base import Section
 
 Template = Literal["char", "chatml", "glm"]
+DATA_FILE_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv")
+"""Files a dataset path may name (or a folder may hold); see mtprun/data/datasets.py."""
+
+
+class ColumnMap(Section):
+    """Which columns of a dataset hold what mtprun reads; every column reaches the reward."""
+
+    prompt: str | None = Field(
+        None,
+        description="Column of the prompt: a string (one user message) or a list of messages. "
+        "Null: `messages` when the dataset has that column, else `prompt`.",
+    )
+    messages: str | None = Field(
+        None, description="Column of a conversation (a list of {role, content} messages)."
+    )
+    answer: str = Field(
+        "answer",
+        description="Column of the reference answer handed to the reward (optional: a "
+        "dataset without it gives every prompt answer null).",
+    )
+
+    @model_validator(mode="after")
+    def _one_prompt_column(self) -> ColumnMap:
+        if self.prompt is not None and self.messages is not None:
+            raise ValueError(
+                "name the prompt column (`prompt:`) or the conversation column "
+                "(`messages:`), not both"
+            )
+        return self
+
+
+class DatasetSpec(Section):
+    """A local dataset, read with Hugging Face `datasets` (memory-mapped Arrow)."""
+
+    path: str = Field(
+        ...,
+        description="A .jsonl, .parquet, .arrow or .csv file, a folder of them, or a folder "
+        "written by `datasets.save_to_disk` (relative to the recipe file that sets it).",
+    )
+    columns: ColumnMap = Field(
+        default_factory=ColumnMap, description="Column names, when not the default ones."
+    )
+    shuffle: bool = Field(
+        True,
+        description="Visit the rows in a seeded order, a new one each epoch (false: file order).",
+    )
+    heldout: float = Field(
+        0,
+        ge=0,
+        description="Rows held out of training for evaluation: a count (>= 1), or a fraction "
+        "of the rows (< 1); drawn with the recipe's seed.",
+    )
+
+    @field_validator("heldout")
+    @classmethod
+    def _count_or_fraction(cls, value: float) -> float:
+        if value >= 1 and not float(value).is_integer():
+            raise ValueError(
+                f"heldout {value} is neither a row count (a whole number) nor a fraction (< 1)"
+            )
+        return value
+
+    def heldout_rows(self, rows: int) -> int:
+        """How many of `rows` rows are held out."""
+        if self.heldout < 1:
+            return math.floor(self.heldout * rows)
+        return min(int(self.heldout), rows)
+
+
+def path_shorthand(value: Any) -> Any:
+    """`prompts: file.parquet` is `prompts: {path: file.parquet}` (a field validator)."""
+    return {"path": value} if isinstance(value, str) else value
 
 
 class DataSection(Section):
     """Supervised fine-tuning data."""
 
-    source: str = Field(
+    source: str | DatasetSpec = Field(
         ...,
-        description="A `.jsonl` file of conversations (relative to the recipe file that sets "
-        "it) or the name of a built-in synthetic task such as `arithmetic`.",
+        description="A built-in synthetic task such as `arithmetic`, or a dataset of "
+        "conversations: a file or folder (relative to the recipe file that sets it), or "
+        "{path, columns, shuffle} (a `prompt` and `answer` column make a user/assistant pair).",
     )
     template: Template = Field(
         "char",
@@ -35,12 +109,35 @@ class DataSection(Section):
 class TaskSection(Section):
     """Reinforcement learning: prompts, a verifiable reward and the sampling shape."""
 
-    name: str = Field(
-        ...,
-        description="A built-in synthetic task (arithmetic, calculator_tool) or a `.jsonl` "
-        "file of prompts (relative to the recipe file that sets it).",
+    name: str | None = Field(
+        None,
+        description="A built-in synthetic task (arithmetic, calculator_tool), or a `.jsonl` "
+        "file of prompts; a recipe sets `name` or `prompts`.",
     )
-    reward: str = Field(..., description="Registered reward function name.")
+    prompts: DatasetSpec | None = Field(
+        None,
+        description="A dataset of prompts (a path, or {path, columns, shuffle, heldout}); "
+        "a recipe sets `name` or `prompts`.",
+    )
+    reward: str | None = Field(
+        None,
+        description="A built-in reward (exact_answer, math, ...) or a Python function: "
+        "`package.module:function` or `path/to/file.py:function` (relative to the recipe "
+        "file); it takes any of prompt, completion, messages, answer and returns a float or "
+        "a mapping of named components with a `total`. It scores the episodes the "
+        "environment gives no reward. null: only with a task.environment that rewards every "
+        "episode (one it leaves unrewarded counts in reward/errors).",
+    )
+    reward_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds one reward call may take before it counts as an error."
+    )
+    reward_on_error: float | Literal["fail"] = Field(
+        0.0,
+        description="The reward of an episode whose reward function raised, timed out or "
+        "returned a non-finite value; `fail` stops the run with the prompt, the completion "
+        "and the traceback.",
+    )
+    reward_workers: int = Field(2, ge=1, description="Processes that score episodes in parallel.")
     template: Template = Field("char", description="Chat template used to render prompts.")
     samples_per_prompt: int = Field(8, ge=1, description="Rollouts per prompt (the GRPO group).")
     prompts_per_step: int = Field(8, ge=1, description="Prompts per optimizer step.")
@@ -58,6 +155,15 @@ class TaskSection(Section):
         "null: the task's own (calculator_tool runs its calculator; other tasks end after one "
         "turn).",
     )
+
+    _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
+
+    @field_validator("reward_on_error")
+    @classmethod
+    def _finite(cls, value: float | str) -> float | str:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("reward_on_error must be a finite number or `fail`")
+        return value
 
 
 class WarmstartSection(Section):

@@ -125,19 +125,22 @@ def _valid_term(item: Any) -> LossTerm | None:
         return None
 
 
-# Paths in a recipe that name files, resolved against the file that sets them. Sources are
-# files only when they end in .jsonl; otherwise they name built-in synthetic tasks.
-_FILE_FIELDS: tuple[tuple[KeyPath, bool], ...] = (
-    (("model", "path"), False),
-    (("data", "source"), True),
-    (("task", "name"), True),
-    (("warmstart", "data", "source"), True),
+# Values in a recipe that name files, resolved against the file that sets them. How to read
+# each: "file" a path; "source" a path unless it names a built-in synthetic task; "dataset" the
+# same, or a mapping whose `path` is one.
+_FILE_FIELDS: tuple[tuple[KeyPath, str], ...] = (
+    (("model", "path"), "file"),
+    (("data", "source"), "dataset"),
+    (("task", "name"), "source"),
+    (("task", "prompts"), "dataset"),
+    (("warmstart", "data", "source"), "dataset"),
+    (("eval", "prompts"), "dataset"),
 )
 
-
-# Python references (`path/to/file.py:Name` or `package.module:Name`): a file part is resolved
-# against the file that sets it, a module name is left as it is.
-_REFERENCE_FIELDS: tuple[KeyPath, ...] = (("task", "environment"),)
+# Python references (`path/to/file.py:Name` or `package.module:Name`, see
+# mtprun.data.references): a file part is resolved against the file that sets it, a module name
+# (and a built-in reward's name) is left as it is.
+_REFERENCE_FIELDS: tuple[KeyPath, ...] = (("task", "environment"), ("task", "reward"))
 
 
 def _resolve_relative_paths(doc: Document) -> None:
@@ -147,32 +150,39 @@ def _resolve_relative_paths(doc: Document) -> None:
         if not isinstance(value, str) or ".py:" not in value:
             continue
         file, _, name = value.rpartition(":")
-        resolved = _relative_to_recipe(doc, path, file)
-        if resolved is not None:
-            doc.get(path[:-1])[path[-1]] = f"{resolved}:{name}"
-
-
-def _relative_to_recipe(doc: Document, path: KeyPath, value: str) -> str | None:
-    """`value` made absolute against the recipe file that set `path`; None when it already is,
-    or when it came from the command line (relative to the working directory already)."""
-    file = doc.position(path).file
-    if os.path.isabs(value) or file.startswith("<override"):
-        return None
-    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(file)), value))
+        _set_relative(doc, path, file, suffix=f":{name}")
 
 
 def _resolve_file_paths(doc: Document) -> None:
-    paths = list(_FILE_FIELDS)
+    fields = list(_FILE_FIELDS)
     losses = doc.get(("losses",))
     if isinstance(losses, list):
-        paths += [(("losses", i, "teacher"), False) for i in range(len(losses))]
-    for path, jsonl_only in paths:
+        fields += [(("losses", i, "teacher"), "file") for i in range(len(losses))]
+    for path, kind in fields:
         value = doc.get(path)
-        if not isinstance(value, str) or (jsonl_only and not value.endswith(".jsonl")):
-            continue
-        resolved = _relative_to_recipe(doc, path, value)
-        if resolved is not None:
-            doc.get(path[:-1])[path[-1]] = resolved
+        if isinstance(value, dict) and kind == "dataset":
+            path, value = (*path, "path"), value.get("path")
+        if isinstance(value, str) and (kind == "file" or not _is_builtin_task(value)):
+            _set_relative(doc, path, value)
+
+
+def _is_builtin_task(name: str) -> bool:
+    # Imported here: the data package owns the registry, and a recipe without sources never
+    # needs it.
+    from mtprun.data.tasks import TASKS
+
+    return name in TASKS
+
+
+def _set_relative(doc: Document, path: KeyPath, value: str, suffix: str = "") -> None:
+    """Replace the value at `path` by `value` (+ `suffix`) made absolute against the file
+    that wrote it; command-line paths are relative to the working directory already."""
+    file = doc.position(path).file
+    if os.path.isabs(value) or file.startswith("<override"):
+        return
+    parent = doc.get(path[:-1])
+    absolute = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(file)), value))
+    parent[path[-1]] = absolute + suffix
 
 
 def _file_order(doc: Document) -> Callable[[str], tuple[int, str]]:

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from mtprun.spec.base import Section
 from mtprun.spec.data import DataSection, TaskSection, WarmstartSection
+from mtprun.spec.eval import EvalSection
 from mtprun.spec.losses import CETerm, LossTerm
 from mtprun.spec.mask import MaskPolicy
 from mtprun.spec.model import ModelSection
@@ -41,6 +42,9 @@ class Recipe(Section):
     task: TaskSection | None = Field(None, description="RL task (a recipe has data or task).")
     warmstart: WarmstartSection | None = Field(
         None, description="SFT stage before RL, in the same run (needs task)."
+    )
+    eval: EvalSection | None = Field(
+        None, description="Evaluation on held-out prompts (needs task)."
     )
     losses: list[LossTerm] = Field(
         default_factory=lambda: [CETerm()],

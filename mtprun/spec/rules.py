@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity, did_you_mean
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, VOCAB_MULTIPLE
@@ -326,34 +327,83 @@ def _warmup_within_steps(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("task", "data", "warmstart")
+@rule("task")
+def _task_prompts_and_reward(r: Recipe) -> Iterator[Issue]:
+    task = r.task
+    if task is None:
+        return
+    if (task.name is None) == (task.prompts is None):
+        yield Issue(
+            ("task",),
+            "a task needs `name:` (a built-in task) or `prompts:` (a dataset), "
+            + ("not both" if task.name else "and has neither"),
+        )
+    if task.reward is None:
+        if task.environment is None:
+            yield Issue(
+                ("task",),
+                "a task needs `reward:` (a built-in reward such as exact_answer, or "
+                "`file.py:function`), unless its task.environment rewards every episode",
+            )
+        return
+    # The data package owns the rewards; it imports the reward (user code) to check it.
+    from mtprun.data.rewards import reward_problem
+
+    problem = reward_problem(task.reward)
+    if problem is not None:
+        yield Issue(("task", "reward"), problem)
+
+
+@rule("task", "data", "warmstart", "eval")
 def _sources_exist(r: Recipe) -> Iterator[Issue]:
     # The data package owns the registry of built-in tasks; imported only when checking.
-    from mtprun.data.tasks import REWARDS, TASKS
+    from mtprun.data.tasks import TASKS
 
-    sources: list[tuple[KeyPath, str]] = []
+    sources: list[tuple[KeyPath, Any]] = []
     if r.task is not None:
-        sources.append((("task", "name"), r.task.name))
-        if r.task.reward not in REWARDS:
-            hint = did_you_mean(r.task.reward, REWARDS)
-            yield Issue(
-                ("task", "reward"),
-                f"unknown reward '{r.task.reward}'{hint}; registered: {', '.join(REWARDS)}",
-            )
+        sources += [(("task", "name"), r.task.name), (("task", "prompts"), r.task.prompts)]
     if r.data is not None:
         sources.append((("data", "source"), r.data.source))
     if r.warmstart is not None:
         sources.append((("warmstart", "data", "source"), r.warmstart.data.source))
+    if r.eval is not None:
+        sources.append((("eval", "prompts"), r.eval.prompts))
     for path, source in sources:
-        if source.endswith(".jsonl"):
-            if not os.path.isfile(source):
-                yield Issue(path, f"file not found: {source}")
-        elif source not in TASKS:
+        if source is None:
+            continue
+        if isinstance(source, str) and source in TASKS:
+            continue
+        file = source if isinstance(source, str) else source.path
+        where = path if isinstance(source, str) else (*path, "path")
+        if not os.path.exists(file):
+            if file.endswith(DATA_FILE_SUFFIXES) or not isinstance(source, str):
+                yield Issue(where, f"file not found: {file}")
+                continue
+            name = os.path.basename(file)
             yield Issue(
-                path,
-                f"unknown built-in task '{source}'{did_you_mean(source, TASKS)}; built-in: "
-                f"{', '.join(TASKS)}; or give a .jsonl file",
+                where,
+                f"unknown built-in task '{name}'{did_you_mean(name, TASKS)}; built-in: "
+                f"{', '.join(TASKS)}; or a dataset file or folder (none at {file})",
             )
+        elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
+            yield Issue(where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}")
+
+
+@rule("eval", "task")
+def _eval_has_prompts(r: Recipe) -> Iterator[Issue]:
+    if r.eval is None:
+        return
+    if r.task is None:
+        yield Issue(("eval",), "`eval:` scores the policy with the task's reward and needs `task:`")
+        return
+    dataset = r.task.prompts is not None or (r.task.name or "").endswith(DATA_FILE_SUFFIXES)
+    held_out = r.task.prompts is not None and r.task.prompts.heldout > 0
+    if r.eval.prompts is None and dataset and not held_out:
+        yield Issue(
+            ("eval",),
+            "no evaluation prompts: hold rows out of the task's dataset (task.prompts.heldout: "
+            "N or a fraction) or give eval.prompts",
+        )
 
 
 @rule("task")

@@ -81,3 +81,17 @@ def sampled_runs(is_sampled: torch.Tensor) -> list[tuple[int, int]]:
             runs.append((start, i))
             start = None
     return runs
+
+
+@pytest.fixture
+def reward_of() -> Callable[[str], Callable[[Conversation, object], float]]:
+    """The registered reward `name` as a function of (conversation, prompt)."""
+    from mtprun.data.rewards import RewardInput, call_reward, load_reward
+
+    def reward(name: str) -> Callable[[Conversation, object], float]:
+        fn = load_reward(name)
+        return lambda conversation, prompt: call_reward(fn, RewardInput.of(prompt, conversation))[
+            "total"
+        ]
+
+    return reward

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,40 @@ def test_a_bad_reset_is_a_clear_error(start, error: str) -> None:
     prompt = get_task("arithmetic").prompts(1, seed=0)[0]
     with pytest.raises(ValueError, match=error):
         reset_all([Returns(start=start)], [prompt])
+
+
+class WrongTimes:
+    """A task whose expert answers wrong `wrong` times, then right."""
+
+    name = "wrong-times"
+
+    def __init__(self, wrong: int) -> None:
+        self.wrong = wrong
+
+    def expert_reply(self, conversation, prompt):
+        tries = sum(m.role == "assistant" for m in conversation)
+        return Message("assistant", "x" if tries < self.wrong else prompt.answer)
+
+
+@pytest.mark.parametrize(("wrong", "reward"), [(0, 1.0), (1, 0.5), (2, 0.25), (3, 0.0)])
+def test_the_example_environment_halves_the_reward_per_retry(
+    renderer: Renderer, tmp_path, wrong: int, reward: float
+) -> None:
+    from mtprun.data.environment import load_environment_class
+    from mtprun.data.prompts import PromptDataset
+    from mtprun.spec.data import ColumnMap, DatasetSpec
+
+    examples = Path(__file__).parents[2] / "recipes" / "examples"
+    try_again = load_environment_class(f"{examples / 'environments.py'}:TryAgain")
+    columns = ColumnMap(prompt="question", answer="solution")
+    data = PromptDataset(
+        DatasetSpec(path=str(examples / "prompts.parquet"), columns=columns), 0, tmp_path
+    )
+    prompts = data.sample(40, seed=random.randrange(1000))
+    carry = next(p for p in prompts if p.columns()["difficulty"] == "carry")
+    _, conversation, got = expert_rollout(
+        WrongTimes(wrong), carry, renderer, max_turns=3, environment=try_again
+    )
+    assert got == reward
+    retries = [m.content for m in conversation if m.role == "user"][1:]
+    assert retries == ["No. Mind the carry."] * min(wrong, 2)  # none after the last turn

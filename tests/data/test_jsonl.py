@@ -6,9 +6,11 @@ import re
 
 import pytest
 
-from mtprun.data.jsonl import DataFileError, read_conversations
+from mtprun.data.dataset_files import DataFileError
 from mtprun.data.messages import Message, ToolCall
-from mtprun.data.tasks.jsonl_prompts import JsonlPromptTask, read_prompts
+from mtprun.data.prompts import read_conversations as read_dataset
+from mtprun.data.tasks import get_task
+from mtprun.spec.data import DatasetSpec
 
 GOOD = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
 BAD_LINES = {
@@ -22,12 +24,17 @@ BAD_LINES = {
         "message 0: content must be a string, got int",
     ),
     "not json": ('{"messages": [', "not valid JSON"),
-    "no messages key": ({"turns": []}, 'no "messages" key'),
+    "no messages key": ({"turns": []}, 'no "messages" column'),
+    "not an object": ([1, 2], "a record is a JSON object, got list"),
     "tool call arguments": (
         {"messages": [{"role": "assistant", "tool_calls": [{"name": "f", "arguments": "[1"}]}]},
         "tool-call arguments are not JSON",
     ),
 }
+
+
+def read_conversations(path):
+    return read_dataset(DatasetSpec(path=str(path)))
 
 
 def write_lines(path, records) -> None:
@@ -44,7 +51,7 @@ def test_bad_records_name_file_and_line_and_the_rest_is_kept(tmp_path, caplog) -
     records.append(GOOD)
     write_lines(path, records)
 
-    with caplog.at_level(logging.WARNING, logger="mtprun.data.jsonl"):
+    with caplog.at_level(logging.WARNING, logger="mtprun.data.dataset_files"):
         loaded = read_conversations(path)
 
     assert len(loaded.records) == len(BAD_LINES) + 1
@@ -74,6 +81,15 @@ def test_a_file_without_good_records_lists_every_bad_line(tmp_path) -> None:
     assert f"{path}:1: not valid JSON" in message and f"{path}:2: empty conversation" in message
 
 
+def test_an_empty_file_is_a_clear_error(tmp_path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(
+        DataFileError, match=r"no usable record in .*empty.jsonl: \(it has no rows\)"
+    ):
+        read_conversations(path)
+
+
 def test_missing_file_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(DataFileError, match=r"cannot read data file .*missing.jsonl"):
         read_conversations(tmp_path / "missing.jsonl")
@@ -94,12 +110,15 @@ def test_tool_calls_parse_in_openai_and_flat_form(tmp_path) -> None:
     assert read_conversations(path).records == [expected, expected]
 
 
-def test_prompt_files_need_an_answer_and_feed_a_task(tmp_path) -> None:
+def test_prompt_files_feed_a_task_with_or_without_an_answer(tmp_path) -> None:
     path = tmp_path / "prompts.jsonl"
-    prompt = {"messages": [{"role": "user", "content": "2+2="}], "answer": "4"}
-    write_lines(path, [prompt, {"messages": [{"role": "user", "content": "x"}]}])
-    loaded = read_prompts(path)
-    assert [p.answer for p in loaded.records] == ["4"]
-    assert 'needs a string "answer"' in str(loaded.errors[0])
-    task = JsonlPromptTask(path)
-    assert [p.answer for p in task.prompts(3, seed=0)] == ["4", "4", "4"]
+    prompt = {"messages": [{"role": "user", "content": "2+2="}], "answer": 4, "level": 1}
+    bad_answer = {"messages": [{"role": "user", "content": "x"}], "answer": [4]}
+    write_lines(path, [prompt, bad_answer, {"prompt": "3+3="}])
+    task = get_task(str(path))
+    assert [str(e) for e in task.data.errors] == [
+        f'{path}:2: "answer" must be a string or a number, got list'
+    ]
+    drawn = {p.messages[0].content: p for p in task.prompts(6, seed=0)}
+    assert drawn["2+2="].answer == "4" and drawn["2+2="].columns()["level"] == 1
+    assert drawn["3+3="].answer is None and drawn["3+3="].messages == (Message("user", "3+3="),)

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from mtprun.data.messages import Message, ToolCall
-from mtprun.data.tasks import get_reward, get_task
+from mtprun.data.rewards import load_reward
+from mtprun.data.tasks import get_task
 from mtprun.data.tasks.calculator import calculator_trace, run_tool_call
 
 
@@ -30,8 +31,8 @@ def test_arithmetic_answers_are_correct() -> None:
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "calculator_tool"])
-def test_reward_is_one_for_the_expert_and_zero_for_a_wrong_answer(name: str) -> None:
-    task, reward = get_task(name), get_reward(name)
+def test_reward_is_one_for_the_expert_and_zero_for_a_wrong_answer(name: str, reward_of) -> None:
+    task, reward = get_task(name), reward_of(name)
     for prompt in task.prompts(10, random.randrange(10_000)):
         demonstration = task.demonstration(prompt)
         assert reward(demonstration, prompt) == 1.0
@@ -83,14 +84,14 @@ def test_unknown_task_and_reward_are_clear_errors() -> None:
     with pytest.raises(ValueError, match=r"unknown task 'chess'.*arithmetic.*calculator_tool"):
         get_task("chess")
     with pytest.raises(ValueError, match=r"unknown reward 'elo'.*arithmetic"):
-        get_reward("elo")
+        load_reward("elo")
 
 
 def test_registries_import_without_torch() -> None:
     """Recipe validation reads the task/reward registries and the chat templates: they must
     not pull in torch or transformers (`mtprun validate` starts in well under a second)."""
     code = (
-        "import sys, mtprun.data.tasks, mtprun.data.templates; "
+        "import sys, mtprun.data.tasks, mtprun.data.rewards, mtprun.data.templates; "
         "heavy = {'torch', 'transformers'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import random
 
 from mtprun.data.messages import Message
-from mtprun.data.tasks import get_reward, get_task
+from mtprun.data.tasks import get_task
 
 
 def test_addition_prompts_are_single_digit_sums() -> None:
@@ -19,8 +19,8 @@ def test_addition_draws_all_one_hundred_problems() -> None:
     assert len({p.messages[0].content for p in prompts}) == 100
 
 
-def test_addition_reward_scores_the_exact_sum() -> None:
-    task, reward = get_task("addition"), get_reward("addition")
+def test_addition_reward_scores_the_exact_sum(reward_of) -> None:
+    task, reward = get_task("addition"), reward_of("addition")
     for prompt in task.prompts(10, random.randrange(10_000)):
         demonstration = task.demonstration(prompt)
         assert reward(demonstration, prompt) == 1.0

@@ -6,16 +6,17 @@ from mtprun.cli import main
 from mtprun.runner.run.run_dir import RunDir
 
 
-@pytest.mark.parametrize("command", ["resume", "export", "ui"])
+@pytest.mark.parametrize("command", ["resume", "export", "ui", "eval"])
 def test_a_folder_without_a_run_is_refused(command, tmp_path, capsys):
     assert main([command, str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path) in err and "run folder" in err
 
 
-def test_export_before_any_checkpoint(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_export_or_eval_before_any_checkpoint(command, tmp_path, capsys):
     RunDir(tmp_path).create().write_state({"tracking_uri": "sqlite:///x.db", "run_id": "r"})
-    assert main(["export", str(tmp_path)]) == 2
+    assert main([command, str(tmp_path)]) == 2
     assert f"no checkpoint under {tmp_path / 'checkpoints'}" in capsys.readouterr().err
 
 

@@ -1,8 +1,8 @@
 """recipes/grpo-agentic.yaml end to end, its environment a user class given as
 `path/to/file.py:Class` (tests/runner/envs/scored_calculator.py): after its SFT warm start the
 tiny policy calls the calculator in its rollouts, the user environment answers each call as a
-tool turn and scores the episode, the policy samples again after it, and the step trains on
-those multi-turn trajectories."""
+tool turn and scores every episode (the run has no task.reward), the policy samples again after
+it, and the step trains on those multi-turn trajectories."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ RL_STEPS = 2
 
 @pytest.fixture(scope="module")
 def agentic_run():
-    overrides = (f"trainer.steps={RL_STEPS}", f"task.environment={ENVIRONMENT}")
+    # No task.reward: the environment rewards every episode.
+    overrides = (f"trainer.steps={RL_STEPS}", f"task.environment={ENVIRONMENT}", "task.reward=null")
     with finished_run(RECIPE, *overrides, prefix="agt") as record:
         yield record
 
@@ -36,12 +37,13 @@ def test_rollouts_call_the_tool_and_continue_after_its_answer(agentic_run):
 
 
 def test_the_user_environment_runs_and_scores_every_episode(agentic_run):
-    # Every step of the user environment gives a reward (offset by REWARD_OFFSET); task.reward
-    # (exact answer, 0 or 1) would score episodes whose environment gave none. So the episodes
-    # ran in the user's environment, whose tool answers the tool turns above are.
+    # Every step of the user environment gives a reward (offset by REWARD_OFFSET); without
+    # task.reward an episode it left unrewarded would be a reward error scored 0. So the
+    # episodes ran in the user's environment, whose tool answers the tool turns above are.
     rewards = agentic_run.values("reward/mean")
     assert len(rewards) == RL_STEPS
     assert all(REWARD_OFFSET <= r <= REWARD_OFFSET + 1 for r in rewards), rewards
+    assert agentic_run.values("reward/errors") == [0.0] * RL_STEPS
 
 
 def test_the_multi_turn_trajectories_train(agentic_run):

@@ -130,7 +130,8 @@ def test_a_module_that_fails_to_import_shows_its_error(recipe_with, located) -> 
     (path.parent / "envs" / "broken.py").write_text("raise RuntimeError('no API key')\n")
     [diagnostic] = located(path)
     assert diagnostic.startswith(f"{path}:{AT}: task.environment: ")
-    assert diagnostic.endswith("broken.py failed to import: RuntimeError: no API key")
+    broken = path.parent / "envs" / "broken.py"
+    assert diagnostic.endswith(f"{broken} failed to import: RuntimeError: no API key ({broken}:1)")
 
 
 def test_a_command_line_reference_is_relative_to_the_working_directory(

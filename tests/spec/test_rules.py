@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from mtprun.data.tasks import REWARDS, TASKS
+from mtprun.data.rewards import REWARDS
+from mtprun.data.tasks import TASKS
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
 TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1\n"  # 6 lines
@@ -170,10 +171,11 @@ CASES = {
         + "warmstart: {data: {source: calculator}, steps: 1, lr: 0.1}\n",
         [
             f"7:14: unknown built-in task 'arithmetc' (did you mean 'arithmetic'?); built-in: "
-            f"{BUILT_IN}; or give a .jsonl file",
-            f"7:33: unknown reward 'nope'; registered: {', '.join(REWARDS)}",
+            f"{BUILT_IN}; or a dataset file or folder (none at {{dir}}/arithmetc)",
+            f"7:33: unknown reward 'nope'; built-in: {', '.join(REWARDS)}; or a function of "
+            "yours: `package.module:function` or `path/to/file.py:function`",
             f"9:28: unknown built-in task 'calculator' (did you mean 'calculator_tool'?); "
-            f"built-in: {BUILT_IN}; or give a .jsonl file",
+            f"built-in: {BUILT_IN}; or a dataset file or folder (none at {{dir}}/calculator)",
         ],
     ),
 }
@@ -183,7 +185,7 @@ CASES = {
 def test_rule_is_reported_at_the_offending_value(write_recipe, located, case: str) -> None:
     text, expected = CASES[case]
     path = write_recipe(text)
-    assert located(path) == [f"{path}:{line}" for line in expected]
+    assert located(path) == [f"{path}:{line.format(dir=path.parent)}" for line in expected]
 
 
 def test_mtp_terms_validate_under_pipeline_parallelism(write_recipe, located) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import jsonschema
@@ -14,12 +16,22 @@ from mtprun.spec.schema import recipe_json_schema
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 SCHEMA_LINE = "# yaml-language-server: $schema=schema.json"
-SHIPPED = sorted(RECIPES.glob("*.yaml"))
+SHIPPED = sorted([*RECIPES.glob("*.yaml"), *RECIPES.glob("examples/*.yaml")])
 
 
 def test_the_promised_recipes_are_shipped() -> None:
     names = {p.stem for p in SHIPPED}
     assert names >= {"quickstart", "sft-zloss", "grpo-agentic", "mtp-specdec", "megatron-tp2"}
+
+
+def test_the_example_prompts_are_what_the_script_makes() -> None:
+    import pyarrow.parquet as pq
+
+    script = RECIPES / "examples" / "make_prompts.py"
+    spec = importlib.util.spec_from_file_location("make_prompts", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert pq.read_table(RECIPES / "examples" / "prompts.parquet").equals(module.table())
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -31,7 +43,10 @@ def test_recipe_validates_without_errors_or_warnings(path: Path) -> None:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_recipe_points_editors_at_the_schema(path: Path) -> None:
-    assert path.read_text(encoding="utf-8").splitlines()[0] == SCHEMA_LINE
+    schema = Path(os.path.relpath(RECIPES / "schema.json", path.parent))
+    assert path.read_text(encoding="utf-8").splitlines()[0] == SCHEMA_LINE.replace(
+        "schema.json", schema.as_posix()
+    )
     data = YAML(typ="safe").load(path)
     jsonschema.validate(data, json.loads((RECIPES / "schema.json").read_text()))
 

@@ -1,48 +1,56 @@
-"""Built-in RL tasks and reward functions, by the names recipes use."""
+"""Built-in RL tasks by the names recipes use, and dataset tasks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from mtprun.data.tasks.addition import AdditionTask
 from mtprun.data.tasks.arithmetic import ArithmeticTask
-from mtprun.data.tasks.base import Prompt, RewardFn, Task, exact_answer_reward
+from mtprun.data.tasks.base import Prompt, Task
 from mtprun.data.tasks.calculator import CalculatorToolTask
-from mtprun.data.tasks.jsonl_prompts import JsonlPromptTask
+
+if TYPE_CHECKING:
+    from mtprun.spec.data import TaskSection
 
 TASKS: dict[str, type[Task]] = {
     AdditionTask.name: AdditionTask,
     ArithmeticTask.name: ArithmeticTask,
     CalculatorToolTask.name: CalculatorToolTask,
 }
-# The built-in rewards all score the final answer; calculator_tool's prompts are hard enough
-# to need the tool, so the reward needs no separate tool-use term.
-REWARDS: dict[str, RewardFn] = {
-    "addition": exact_answer_reward,
-    "arithmetic": exact_answer_reward,
-    "calculator_tool": exact_answer_reward,
-    "exact_answer": exact_answer_reward,
-}
 
 
 def get_task(name: str) -> Task:
-    """The task called `name` (the recipe's task.name, or a synthetic data.source): a
-    built-in one, or a `.jsonl` file of prompts."""
-    if name.endswith(".jsonl"):
-        return JsonlPromptTask(name)
-    try:
+    """The built-in task called `name` (a recipe's task.name, or a synthetic data.source), or
+    the dataset of prompts at path `name`."""
+    if name in TASKS:
         return TASKS[name]()
-    except KeyError:
-        raise ValueError(
-            f"unknown task {name!r}: built-in tasks are {sorted(TASKS)}, or give a .jsonl "
-            "file of prompts"
-        ) from None
+    from mtprun.data.dataset_files import SUFFIXES
+
+    if name.endswith(SUFFIXES) or Path(name).is_dir():
+        return _dataset_task(name, seed=0)
+    raise ValueError(
+        f"unknown task {name!r}: built-in tasks are {sorted(TASKS)}, or give a dataset file "
+        f"({', '.join(SUFFIXES)}) or folder"
+    )
 
 
-def get_reward(name: str) -> RewardFn:
-    """The reward function called `name` (the recipe's task.reward)."""
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward {name!r}: rewards are {sorted(REWARDS)}") from None
+def task_for(section: TaskSection, seed: int, cache_dir: str | Path | None = None) -> Task:
+    """The task a recipe's `task:` section declares: `prompts` (a dataset) or `name`."""
+    if section.prompts is not None:
+        from mtprun.data.tasks.dataset_prompts import DatasetPromptTask
+
+        return DatasetPromptTask(section.prompts, seed, cache_dir)
+    if section.name in TASKS:
+        return TASKS[section.name]()
+    return _dataset_task(section.name, seed, cache_dir)
 
 
-__all__ = ["REWARDS", "TASKS", "Prompt", "RewardFn", "Task", "get_reward", "get_task"]
+def _dataset_task(path: str, seed: int, cache_dir: str | Path | None = None) -> Task:
+    from mtprun.data.tasks.dataset_prompts import DatasetPromptTask
+    from mtprun.spec.data import DatasetSpec
+
+    return DatasetPromptTask(DatasetSpec(path=path), seed, cache_dir)
+
+
+__all__ = ["TASKS", "Prompt", "Task", "get_task", "task_for"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from mtprun.data.environment import (
     SingleTurn,
@@ -16,14 +17,23 @@ from mtprun.data.environment import (
 )
 from mtprun.data.messages import Conversation, Message
 
-# A reward scores a finished conversation against its prompt's reference answer, in [0, 1].
-RewardFn = Callable[[Conversation, "Prompt"], float]
+EVAL_PROMPTS = 32  # prompts an evaluation draws from a synthetic task
 
 
 @dataclass(frozen=True)
 class Prompt:
+    """A prompt, its reference answer (None when the dataset has none) and its record: every
+    column of the dataset row it came from, handed to the reward."""
+
     messages: Conversation
-    answer: str
+    answer: str | None
+    record: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    def columns(self) -> dict[str, Any]:
+        """The record the reward receives (a synthetic prompt's: messages and answer)."""
+        if self.record is not None:
+            return dict(self.record)
+        return {"messages": [m.to_dict() for m in self.messages], "answer": self.answer}
 
 
 class Task(ABC):
@@ -33,7 +43,7 @@ class Task(ABC):
     conversation from the prompt, the policy samples an assistant turn, the environment
     answers it (see `mtprun.data.environment`), until it says done or task.max_turns is
     reached. The recipe's task.environment replaces the task's own; task.reward names the
-    reward (see `get_reward`) that scores episodes the environment gives no reward.
+    reward (see `mtprun.data.rewards`) that scores episodes the environment gives no reward.
     """
 
     name: str
@@ -44,11 +54,21 @@ class Task(ABC):
     def prompts(self, n: int, seed: int) -> list[Prompt]:
         """`n` prompts, the same for the same seed."""
 
+    def step_prompts(self, n: int, seed: int, step: int) -> list[Prompt]:
+        """The `n` prompts of RL step `step`: the same for the same seed and step (a resumed
+        step sees the prompts it saw), distinct from step to step."""
+        return self.prompts(n, seed=step_seed(seed, step))
+
+    def heldout_prompts(self, n: int | None, seed: int) -> list[Prompt]:
+        """Evaluation prompts: a synthetic task draws them from a stream of their own (which
+        may repeat training prompts of a small task); datasets hold rows out."""
+        return self.prompts(n or EVAL_PROMPTS, seed=step_seed(seed, "eval"))
+
     def expert_reply(self, conversation: Conversation, prompt: Prompt) -> Message:
         """The scripted expert's next assistant message: the oracle behind demonstrations.
         By default it states the reference answer (single-turn tasks); tool tasks override
         it."""
-        return Message("assistant", prompt.answer)
+        return Message("assistant", prompt.answer or "")
 
     def demonstration(self, prompt: Prompt, max_turns: int = 8) -> Conversation:
         """The full conversation the expert has on `prompt` in the task's environment."""
@@ -85,14 +105,6 @@ def rng_for(task: str, seed: int) -> random.Random:
     return random.Random(f"{task}:{seed}")
 
 
-def final_answer(conversation: Conversation) -> str | None:
-    """The content of the last assistant message without tool calls, stripped."""
-    for message in reversed(conversation):
-        if message.role == "assistant":
-            return None if message.tool_calls else message.content.strip()
-    return None
-
-
-def exact_answer_reward(conversation: Conversation, prompt: Prompt) -> float:
-    """1 when the final assistant answer equals the reference answer, else 0."""
-    return float(final_answer(conversation) == prompt.answer)
+def step_seed(seed: int, step: int | str) -> int:
+    """The seed of one use of the recipe's seed: an RL step's prompts, an evaluation."""
+    return random.Random(f"{seed}:{step}").randrange(2**31)

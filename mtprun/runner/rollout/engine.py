@@ -109,18 +109,22 @@ class RolloutEngine:
         n: int,
         max_tokens: int | None = None,
         stop_token_ids: list[int] | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> list[list[Sample]]:
-        """n samples for each prompt (token ids), with the rollout section's sampling."""
+        """n samples for each prompt (token ids), with the rollout section's sampling unless
+        `max_tokens`, `temperature` or `top_p` say otherwise (evaluation)."""
         from vllm import SamplingParams, TokensPrompt
 
         if n < 1:
             raise ValueError(f"n={n}: ask for at least one sample per prompt")
         # vLLM refuses n > 1 with greedy sampling; greedy copies are identical anyway.
-        copies = n if self.rollout.temperature == 0 else 1
+        temperature = self.rollout.temperature if temperature is None else temperature
+        copies = n if temperature == 0 else 1
         params = SamplingParams(
             n=n // copies,
-            temperature=self.rollout.temperature,
-            top_p=self.rollout.top_p,
+            temperature=temperature,
+            top_p=self.rollout.top_p if top_p is None else top_p,
             max_tokens=max_tokens or self.rollout.max_tokens,
             stop_token_ids=stop_token_ids,
             logprobs=0,  # the sampled token's log-prob only

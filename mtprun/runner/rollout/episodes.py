@@ -8,13 +8,13 @@ unfinished episode continues with one sample after its environment's messages. T
 trajectory holds what the engines sampled (with the log-probs they sampled it with: the old
 log-probs of the update) and the inserted tool, user and template tokens (never sampled,
 hence untrained under the `sampled` mask). An episode's reward is its environment's, when it
-gave one, else task.reward's score.
+gave one, else task.reward's score (computed off the driver by the reward workers, see
+`rewards.EpisodeScorer`). Evaluation runs the same loop with its own prompts and sampling.
 """
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +33,11 @@ from mtprun.data.environment import (
 from mtprun.data.messages import Conversation
 from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer
-from mtprun.data.tasks import Prompt, get_reward, get_task
+from mtprun.data.tasks import Prompt, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
 from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.rollout.rewards import EpisodeScorer
 from mtprun.spec import Recipe
 
 
@@ -49,6 +50,7 @@ class Episodes:
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
+    reward_metrics: dict[str, float] = field(default_factory=dict)  # components, errors
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -60,6 +62,7 @@ class Episodes:
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
             "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
+            **self.reward_metrics,
         }
 
     def sample_text(self, limit: int) -> str:
@@ -72,6 +75,15 @@ class Episodes:
             answer = self.prompts[k // n].answer
             blocks.append(f"episode {k} reward {reward:g} (answer {answer!r})\n{turns}")
         return "\n\n".join(blocks) + "\n"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Overrides of the rollout section's sampling (None: the section's value)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -100,23 +112,32 @@ class EpisodeCollector:
         self.task_section = recipe.task
         self.max_tokens = recipe.rollout.max_tokens
         self.seed = recipe.seed
-        self.task = get_task(recipe.task.name)
+        self.task = task_for(recipe.task, recipe.seed, Path(recipe.run_dir) / "datasets")
         self.environment = (
             load_environment_class(recipe.task.environment)
             if recipe.task.environment
             else self.task.environment
         )
-        self.reward = get_reward(recipe.task.reward)
+        self.scorer = EpisodeScorer.for_task(recipe.task)
         self.renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 
     def collect(self, step: int) -> Episodes:
+        """The episodes of RL step `step`."""
         section = self.task_section
-        n = section.samples_per_prompt
-        prompts = self.task.prompts(section.prompts_per_step, seed=_step_seed(self.seed, step))
-        episodes = self._start([p for p in prompts for _ in range(n)])
-        samples = self._first_samples(episodes, n)
+        prompts = self.task.step_prompts(section.prompts_per_step, self.seed, step)
+        return self.run(prompts, section.samples_per_prompt)
+
+    def run(self, prompts: list[Prompt], n: int, sampling: Sampling | None = None) -> Episodes:
+        """n episodes of each prompt, sampled with the rollout section's settings unless
+        `sampling` overrides them (evaluation), and scored."""
+        section = self.task_section
+        sampling = sampling or Sampling()
+        max_tokens = sampling.max_tokens or self.max_tokens
+        episode_prompts = [p for p in prompts for _ in range(n)]
+        episodes = self._start(episode_prompts)
+        samples = self._first_samples(episodes, n, sampling)
         active = episodes
         for turn in range(1, section.max_turns + 1):
             for episode, sample in zip(active, samples, strict=True):
@@ -124,25 +145,29 @@ class EpisodeCollector:
             results = step_all([e.env for e in active], [e.conversation for e in active])
             last_turn = turn == section.max_turns
             active = [
-                e for e, r in zip(active, results, strict=True) if self._answer(e, r, last_turn)
+                e
+                for e, r in zip(active, results, strict=True)
+                if self._answer(e, r, last_turn, max_tokens)
             ]
             if not active:
                 break
             contexts = [e.builder.build().token_ids.tolist() for e in active]
-            samples = [g[0] for g in self._generate(contexts, 1)]
+            samples = [g[0] for g in self._generate(contexts, 1, sampling)]
 
-        rewards = [
-            self.reward(e.conversation, prompts[k // n]) if e.env_reward is None else e.env_reward
-            for k, e in enumerate(episodes)
-        ]
+        scores = self.scorer.score(
+            episode_prompts,
+            [e.conversation for e in episodes],
+            given=[e.env_reward for e in episodes],
+        )
         return Episodes(
             prompts=prompts,
             conversations=[e.conversation for e in episodes],
             trajectories=[e.builder.build() for e in episodes],
-            rewards=torch.tensor(rewards, dtype=torch.float32).view(len(prompts), n),
+            rewards=torch.tensor(scores.totals, dtype=torch.float32).view(len(prompts), n),
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
             tool_turns=[e.tool_turns for e in episodes],
+            reward_metrics=scores.metrics(),
         )
 
     def _start(self, prompts: list[Prompt]) -> list[_Episode]:
@@ -154,17 +179,18 @@ class EpisodeCollector:
             for env, s in zip(envs, starts, strict=True)
         ]
 
-    def _first_samples(self, episodes: list[_Episode], n: int) -> list[Any]:
+    def _first_samples(self, episodes: list[_Episode], n: int, sampling: Sampling) -> list[Any]:
         """The first turn of every episode: n samples per prompt when the environments start
         each group of n alike (the usual case), else one sample per episode."""
         contexts = [e.builder.build().token_ids.tolist() for e in episodes]
         groups = [contexts[k : k + n] for k in range(0, len(contexts), n)]
         if all(all(c == g[0] for c in g) for g in groups):
-            return [s for g in self._generate([g[0] for g in groups], n) for s in g]
-        return [g[0] for g in self._generate(contexts, 1)]
+            return [s for g in self._generate([g[0] for g in groups], n, sampling) for s in g]
+        return [g[0] for g in self._generate(contexts, 1, sampling)]
 
-    def _answer(self, episode: _Episode, result: EnvStep, last_turn: bool) -> bool:
-        """Apply the environment's answer to the episode's last turn; False when it ends."""
+    def _answer(self, episode: _Episode, result: EnvStep, last_turn: bool, max_tokens: int) -> bool:
+        """Apply the environment's answer to the episode's last turn; False when it ends
+        (`max_tokens`: the room the next turn needs)."""
         if result.reward is not None:
             episode.env_reward = float(result.reward)
         if result.done or episode.truncated:
@@ -172,7 +198,7 @@ class EpisodeCollector:
         messages = inserted_messages(result)
         inserted = self.renderer.continuation(episode.conversation, messages)
         context = episode.builder.num_tokens + len(inserted)
-        if last_turn or context + self.max_tokens > self.max_model_len:
+        if last_turn or context + max_tokens > self.max_model_len:
             episode.truncated = True  # the environment answered, but no turn (or room) is left
             return False
         episode.builder.add_inserted(inserted)
@@ -191,15 +217,19 @@ class EpisodeCollector:
             pad_id=self.renderer.tokenizer.pad_token_id,
         )
 
-    def _generate(self, contexts: list[list[int]], n: int) -> list[list[Any]]:
+    def _generate(self, contexts: list[list[int]], n: int, sampling: Sampling) -> list[list[Any]]:
         return self.pool.generate(
-            contexts, n, max_tokens=self.max_tokens, stop_token_ids=self.renderer.stop_token_ids
+            contexts,
+            n,
+            max_tokens=sampling.max_tokens or self.max_tokens,
+            stop_token_ids=self.renderer.stop_token_ids,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
         )
 
-
-def _step_seed(seed: int, step: int) -> int:
-    # Distinct, reproducible prompts per step: a resumed step sees the same prompts.
-    return random.Random(f"{seed}:{step}").randrange(2**31)
+    def close(self) -> None:
+        """Stop the reward workers."""
+        self.scorer.close()
 
 
 def _message_text(message: Any) -> str:

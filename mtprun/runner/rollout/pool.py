@@ -64,10 +64,12 @@ class RolloutPool:
         n: int,
         max_tokens: int | None = None,
         stop_token_ids: list[int] | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> list[list[Any]]:
         """Samples for each prompt, in prompt order (see RolloutEngine.generate)."""
         calls = {
-            i: (prompts[lo:hi], n, max_tokens, stop_token_ids)
+            i: (prompts[lo:hi], n, max_tokens, stop_token_ids, temperature, top_p)
             for i, (lo, hi) in enumerate(_split(len(prompts), len(self.actors)))
             if hi > lo
         }

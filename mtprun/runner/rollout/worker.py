@@ -32,10 +32,10 @@ class RolloutWorker:
         n: int,
         max_tokens: int | None = None,
         stop_token_ids: list[int] | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> list[list[Any]]:
-        return self.engine.generate(
-            prompts, n, max_tokens=max_tokens, stop_token_ids=stop_token_ids
-        )
+        return self.engine.generate(prompts, n, max_tokens, stop_token_ids, temperature, top_p)
 
     def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
         return self.engine.update_weights(weights.items())

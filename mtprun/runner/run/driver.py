@@ -13,7 +13,6 @@ step+1 next: nothing lost, nothing logged twice.
 from __future__ import annotations
 
 import logging
-import os
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -28,8 +27,10 @@ from mtprun.models.tiny import build_tiny_model
 from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.run import checkpoint
+from mtprun.runner.run.evaluation import Evaluator, with_evaluation
 from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.run.progress import RunProgress, summary_line
+from mtprun.runner.run.ray_session import connect_ray
 from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage, plan_stages
@@ -65,6 +66,7 @@ class Driver:
         self.saved_step = 0  # last checkpointed global step
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
+        self.collector: EpisodeCollector | None = None  # the GRPO stage's episodes and rewards
         self._logged_until = 0  # the newest step MLflow has metrics for (set on resume)
         self.trainer_restarts = 0  # trainer groups started again in this attempt
 
@@ -151,25 +153,10 @@ class Driver:
                 )
 
     def _connect_ray(self, address: str | None) -> None:
-        address = address or self.recipe.resources.ray_address
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        if address:
-            log.info("joining the Ray cluster at %s", address)
-            ray.init(address=address, log_to_driver=False)
-        else:
-            res = self.recipe.resources
-            temp_dir = self.run_dir.ray_temp_dir()
-            log.info("starting a local Ray instance (temp folder %s)", temp_dir)
-            ray.init(
-                num_cpus=res.num_cpus,
-                num_gpus=res.num_gpus,
-                include_dashboard=False,
-                log_to_driver=False,
-                _temp_dir=str(temp_dir),
-            )
+        connect_ray(self.recipe, self.run_dir, address)
 
     def _shutdown(self) -> None:
-        self._stop_engines()
+        self._stop_engines(trainer=True)
         if ray.is_initialized():
             ray.shutdown()
 
@@ -215,8 +202,11 @@ class Driver:
             policy_dir = resume_from / "hf" if resume_from else start_dir
             self.pool = RolloutPool.start(self.recipe, policy_dir, self.run_dir.vllm_dir)
             log.info("rollout engines ready: pids %s", self.pool.pids)
-            collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
+            collector = self.collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
             step_fn = partial(grpo_step, pool=self.pool, collector=collector, stage=stage)
+            if stage.recipe.eval is not None:
+                evaluator = Evaluator(stage.recipe, collector)
+                step_fn = with_evaluation(step_fn, evaluator, stage.last_step)
         else:
             step_fn = partial(sft_step, sft=SftSource(stage.recipe, start_dir), stage=stage)
         bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
@@ -232,9 +222,7 @@ class Driver:
                 break
             except TrainerDied as err:
                 died = err
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
+        self._stop_engines()
 
     def _run_steps(
         self, stage: Stage, step_fn: Callable[..., StepResult], progress: RunProgress, bar: TaskID
@@ -308,11 +296,16 @@ class Driver:
             return self.run_dir.model_dir
         return checkpoint.step_dir(self.run_dir.checkpoints, stage.offset) / "hf"
 
-    def _stop_engines(self) -> None:
-        for engines in (self.pool, self.trainer):
+    def _stop_engines(self, trainer: bool = False) -> None:
+        """Stop the rollout engines and reward workers (and the trainer actors)."""
+        if self.collector is not None:
+            self.collector.close()
+        for engines in (self.pool, self.trainer if trainer else None):
             if engines is not None:
                 engines.shutdown()
-        self.pool = self.trainer = None
+        self.pool = self.collector = None
+        if trainer:
+            self.trainer = None
 
     def _commit(self, step: int, result: StepResult) -> None:
         if step > self._logged_until:

@@ -26,13 +26,14 @@ class SftSource:
         data = recipe.data
         if data is None:
             raise ValueError("an SFT stage needs a `data:` section")
-        records = load_conversations(data, recipe.seed)  # logs the bad lines it skips
+        # Logs the bad rows it skips.
+        records = load_conversations(data, recipe.seed, Path(recipe.run_dir) / "datasets")
         renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
         self.rows = sft_batches(records.records, renderer, recipe.mask, data.packing_length)
         self.seed = recipe.seed
         log.info(
             "SFT data %s: %d conversations in %d packed rows of <= %d tokens",
-            data.source,
+            data.source if isinstance(data.source, str) else data.source.path,
             len(records.records),
             len(self.rows),
             data.packing_length,

@@ -1,0 +1,370 @@
+"""Episodes scored by the recipe's reward in worker processes, in parallel, each call under
+`task.reward_timeout_s`.
+
+The workers are spawned processes that import the reward once (a user file included) and
+then score one episode per message. A dispatcher thread hands queued episodes to idle
+workers, collects their results into futures, and kills a worker whose call outlives the
+timeout (a fresh one replaces it): a hanging or crashing reward never blocks the run.
+
+A call that raises, times out, kills its process or returns a non-finite value is an
+error: counted in `reward/errors` and scored `task.reward_on_error`, or, with `fail`,
+stopping the run with the prompt, the completion and the traceback. An episode whose
+environment gave its reward is not scored again (a non-finite one is an error too).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from mtprun.data.messages import Conversation
+from mtprun.data.rewards import RewardInput, RewardValueError, call_reward, load_reward
+from mtprun.data.tasks.base import Prompt
+
+log = logging.getLogger("mtprun")
+_CONTEXT = multiprocessing.get_context("spawn")  # the driver holds threads and Ray: no fork
+_READY, _BROKEN = "ready", "broken"
+
+
+class RewardFailed(RuntimeError):
+    """A reward call failed under `task.reward_on_error: fail`."""
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """One call's components (`total` included), or why it failed."""
+
+    components: dict[str, float] | None
+    error: str | None = None
+
+
+@dataclass
+class Scores:
+    """The rewards of a batch of episodes: totals (errors scored `on_error`) and metrics."""
+
+    totals: list[float]
+    outcomes: list[RewardOutcome]
+
+    @property
+    def errors(self) -> int:
+        return sum(o.error is not None for o in self.outcomes)
+
+    def metrics(self, prefix: str = "reward") -> dict[str, float]:
+        """`prefix/errors` and the mean of every named component over the episodes that
+        returned it (`total` is `prefix/mean`, logged by the caller)."""
+        sums: dict[str, list[float]] = {}
+        for outcome in self.outcomes:
+            for name, value in (outcome.components or {}).items():
+                if name != "total":
+                    sums.setdefault(name, []).append(value)
+        metrics = {f"{prefix}/{name}": sum(v) / len(v) for name, v in sums.items()}
+        metrics[f"{prefix}/errors"] = float(self.errors)
+        return metrics
+
+
+class EpisodeScorer:
+    """The recipe's reward over episodes: a RewardPool plus the `reward_on_error` policy.
+
+    An episode whose environment gave a reward keeps it (unscored); without `task.reward`
+    (an environment meant to reward every episode) one it did not reward is an error.
+    """
+
+    def __init__(
+        self, reward: str | None, workers: int, timeout_s: float, on_error: float | str
+    ) -> None:
+        self.reward = reward if reward is not None else "of task.environment"  # in messages
+        self.on_error = on_error
+        self.pool = RewardPool(reward, workers, timeout_s) if reward is not None else None
+
+    @classmethod
+    def for_task(cls, task: Any) -> EpisodeScorer:
+        return cls(task.reward, task.reward_workers, task.reward_timeout_s, task.reward_on_error)
+
+    def score(
+        self,
+        prompts: Sequence[Prompt],
+        conversations: Sequence[Conversation],
+        given: Sequence[float | None] | None = None,
+    ) -> Scores:
+        """Rewards of episode k = (prompts[k], conversations[k]): `given[k]` when it is a
+        number (the reward its environment gave), else the reward function's. Raises
+        RewardFailed on the first error under `reward_on_error: fail`."""
+        inputs = [RewardInput.of(p, c) for p, c in zip(prompts, conversations, strict=True)]
+        given = list(given) if given is not None else [None] * len(inputs)
+        futures = [
+            self._submit(episode) if reward is None else _given(reward)
+            for episode, reward in zip(inputs, given, strict=True)
+        ]
+        outcomes = [f.result() for f in futures]
+        totals = []
+        for k, (episode, outcome) in enumerate(zip(inputs, outcomes, strict=True)):
+            if outcome.components is not None:
+                totals.append(outcome.components["total"])
+                continue
+            if self.on_error == "fail":
+                raise RewardFailed(self._failure(k, episode, outcome.error or ""))
+            totals.append(float(self.on_error))
+        if any(o.error for o in outcomes):
+            first = next(o.error for o in outcomes if o.error)
+            log.warning(
+                "reward %s failed on %d of %d episode(s), scored %s (task.reward_on_error); "
+                "first error: %s",
+                self.reward,
+                sum(o.error is not None for o in outcomes),
+                len(outcomes),
+                self.on_error,
+                first.strip().splitlines()[-1],
+            )
+        return Scores(totals, outcomes)
+
+    def _submit(self, episode: RewardInput) -> Future[RewardOutcome]:
+        if self.pool is not None:
+            return self.pool.submit(episode)
+        return _done(
+            RewardOutcome(
+                None,
+                "the environment gave this episode no reward, and the recipe has no "
+                "task.reward to score it",
+            )
+        )
+
+    def _failure(self, k: int, episode: RewardInput, error: str) -> str:
+        prompt = "\n".join(f"  {m['role']}: {m['content']}" for m in episode.messages[:-1])
+        return (
+            f"reward {self.reward} failed on episode {k} (task.reward_on_error: fail)\n"
+            f"prompt record: {_short(repr(episode.prompt))}\n"
+            f"conversation before the completion:\n{_short(prompt)}\n"
+            f"completion: {episode.completion!r}\n{error.rstrip()}"
+        )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
+def _given(reward: float) -> Future[RewardOutcome]:
+    """The outcome of an environment's reward (a non-finite one is an error)."""
+    if math.isfinite(reward):
+        return _done(RewardOutcome({"total": float(reward)}))
+    return _done(RewardOutcome(None, f"the environment's reward is {reward} (not finite)"))
+
+
+def _done(outcome: RewardOutcome) -> Future[RewardOutcome]:
+    future: Future[RewardOutcome] = Future()
+    future.set_result(outcome)
+    return future
+
+
+@dataclass
+class _Job:
+    episode: RewardInput
+    future: Future[RewardOutcome]
+    deadline: float = math.inf
+
+
+@dataclass
+class _Worker:
+    process: Any
+    conn: Connection
+    ready: bool = False
+    job: _Job | None = None
+    started: float = field(default_factory=time.monotonic)
+
+
+class RewardPool:
+    """`workers` processes running reward `reference`; `submit` returns a future outcome.
+
+    A worker that cannot load the reward (validated recipes rarely get here) fails every
+    episode with the import error instead of being started again and again.
+    """
+
+    def __init__(self, reference: str, workers: int, timeout_s: float) -> None:
+        self.reference = reference
+        self.timeout_s = timeout_s
+        self._queue: deque[_Job] = deque()
+        self._lock = threading.Lock()
+        self._wake_read, self._wake_write = _CONTEXT.Pipe(duplex=False)
+        self._closing = False
+        self._broken: str | None = None
+        self._workers = [self._spawn() for _ in range(workers)]
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+        self._thread = threading.Thread(target=self._dispatch, name="reward-pool", daemon=True)
+        self._thread.start()
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the current workers."""
+        return [w.process.pid for w in self._workers]
+
+    def submit(self, episode: RewardInput) -> Future[RewardOutcome]:
+        job = _Job(episode, Future())
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the reward pool is closed")
+            if not self._thread.is_alive():  # crashed: nothing would ever score it
+                job.future.set_result(
+                    RewardOutcome(None, self._broken or "the reward pool stopped")
+                )
+                return job.future
+            self._queue.append(job)
+        self._wake_write.send_bytes(b"")
+        return job.future
+
+    def close(self) -> None:
+        """Stop the workers (a call still running is abandoned) and the dispatcher."""
+        with self._lock:
+            self._closing = True
+        self._wake_write.send_bytes(b"")
+        self._thread.join(timeout=30)
+        self._finalizer()
+
+    # ---- the dispatcher thread -----------------------------------------------------------
+
+    def _spawn(self) -> _Worker:
+        parent, child = _CONTEXT.Pipe()
+        process = _CONTEXT.Process(
+            target=_worker_main, args=(child, self.reference), name="mtprun-reward", daemon=False
+        )
+        process.start()
+        child.close()
+        return _Worker(process, parent)
+
+    def _dispatch(self) -> None:
+        try:
+            while not self._closing:
+                self._hand_out()
+                busy = [w.job.deadline for w in self._workers if w.job is not None]
+                timeout = max(0.0, min(busy) - time.monotonic()) if busy else None
+                readable = wait([self._wake_read, *(w.conn for w in self._workers)], timeout)
+                for conn in readable:
+                    if conn is self._wake_read:
+                        self._wake_read.recv_bytes()
+                    else:
+                        self._receive(next(w for w in self._workers if w.conn is conn))
+                self._expire()
+        except BaseException:  # never leave a caller waiting on a future
+            self._broken = "reward dispatcher crashed:\n" + traceback.format_exc()
+            log.error("%s", self._broken)
+            self._fail_all(self._broken)
+        finally:
+            self._fail_all("the reward pool was closed before this episode was scored")
+
+    def _hand_out(self) -> None:
+        with self._lock:
+            if self._broken is not None:
+                while self._queue:
+                    self._queue.popleft().future.set_result(RewardOutcome(None, self._broken))
+                return
+            for worker in self._workers:
+                if not self._queue:
+                    return
+                if worker.ready and worker.job is None:
+                    job = self._queue.popleft()
+                    job.deadline = time.monotonic() + self.timeout_s
+                    worker.job = job
+                    try:
+                        worker.conn.send(job.episode)
+                    except OSError:  # it died since its last message: retry the episode
+                        worker.job = None
+                        self._queue.appendleft(job)
+                        self._replace(worker, "")
+
+    def _receive(self, worker: _Worker) -> None:
+        try:
+            kind, payload = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=5)
+            self._replace(
+                worker, f"the reward's process died (exit code {worker.process.exitcode})"
+            )
+            return
+        if kind == _READY:
+            worker.ready = True
+        elif kind == _BROKEN:
+            self._broken = f"the reward {self.reference} could not be loaded:\n{payload}"
+            log.error("%s", self._broken)
+            self._finish(worker, RewardOutcome(None, self._broken))
+        else:
+            self._finish(worker, RewardOutcome(*payload))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for worker in list(self._workers):
+            if worker.job is not None and now >= worker.job.deadline:
+                self._replace(
+                    worker,
+                    f"timed out: the reward took longer than {self.timeout_s:g} s "
+                    "(task.reward_timeout_s); its process was killed",
+                )
+
+    def _replace(self, worker: _Worker, error: str) -> None:
+        """Kill `worker`, fail its episode with `error`, start a fresh worker."""
+        worker.process.kill()
+        worker.process.join(timeout=10)
+        worker.conn.close()
+        self._finish(worker, RewardOutcome(None, error))
+        if self._broken is None:
+            self._workers[self._workers.index(worker)] = self._spawn()
+        else:  # it cannot load the reward: a fresh one would not either
+            self._workers.remove(worker)
+
+    def _finish(self, worker: _Worker, outcome: RewardOutcome) -> None:
+        job, worker.job = worker.job, None
+        if job is not None:
+            job.future.set_result(outcome)
+
+    def _fail_all(self, error: str) -> None:
+        with self._lock:
+            jobs = [w.job for w in self._workers if w.job is not None] + list(self._queue)
+            self._queue.clear()
+            for worker in self._workers:
+                worker.job = None
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_result(RewardOutcome(None, error))
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.kill()
+        worker.process.join(timeout=10)
+
+
+def _worker_main(conn: Connection, reference: str) -> None:
+    """A reward worker: load the reward, then score episodes until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    try:
+        fn = load_reward(reference)
+    except BaseException:
+        conn.send((_BROKEN, traceback.format_exc()))
+        return
+    conn.send((_READY, None))
+    while True:
+        try:
+            episode = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            result: tuple[Any, Any] = (call_reward(fn, episode), None)
+        except RewardValueError as err:
+            result = (None, f"{reference} {err}")
+        except BaseException:
+            result = (None, traceback.format_exc())
+        conn.send(("result", result))
+
+
+def _short(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
