@@ -28,6 +28,7 @@ def head_loss(
     tp_group: dist.ProcessGroup | None = None,
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
     chunking: Chunking | None = None,
 ) -> HeadLossOutput:
     """Every loss term of `plan` from one statistics pass over the vocab, without a [N, V]
@@ -39,7 +40,8 @@ def head_loss(
     targets:       [N] int global token ids, already shifted.
     loss_mask:     [N] bool; rows outside it are dropped before any vocab work.
     advantages, old_logprobs, ref_logprobs: [N] per token (grpo; old_logprobs None means
-                   on-policy, ratio 1).
+                   on-policy, ratio 1). The grpo term's variants (GSPO's sequence ratio,
+                   CISPO, dual-clip, tis_cap) and their formulas: mtprun.losses.grpo.
     mtp_hidden:    D tensors [N, H]; head k at row t predicts targets[t + k], taught by the
                    policy's detached distribution at row t + k (same `weight`), valid where
                    t and t + k share a sequence of cu_seqlens and both are under the mask.
@@ -48,6 +50,10 @@ def head_loss(
                    collectives and who all-reduces grad_hidden).
     teacher_hidden, teacher_weight: [N, Ht] and [V, Ht] (its vocab shard under TP) of the
                    teacher for a `distill` term; never receive gradients.
+    sampler_logprobs: [N] the rollout engine's log-probs of the targets when old_logprobs
+                   were recomputed by the trainer (plans with sampler_logprobs or a grpo
+                   tis_cap): the truncated IS weight min(exp(old - sampler), tis_cap) and the
+                   metrics logprob_mismatch, is_weight_mean, is_clip_frac (mtprun.losses.sampler).
     chunking:      row-chunk / vocab-tile sizes or memory budget of the torch engine.
 
     Returns loss (0-d float32, differentiable w.r.t. hidden, weight and mtp_hidden), metrics
@@ -64,6 +70,7 @@ def head_loss(
         "cu_seqlens": cu_seqlens,
         "teacher_hidden": teacher_hidden,
         "teacher_weight": teacher_weight,
+        "sampler_logprobs": sampler_logprobs,
     }
     if isinstance(hidden, torch.Tensor) and hidden.is_cuda:
         # Imported here so that CPU-only installs never import triton.

@@ -50,6 +50,18 @@ class TaskSection(Section):
         description="Assistant turns per rollout; above 1 the task's tools answer "
         "between turns (multi-turn tool use).",
     )
+    drop_uniform_groups: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose rewards are all equal (their "
+        "advantages are 0) and sample more prompts until prompts_per_step groups remain, in "
+        "at most max_sampling_rounds rounds.",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="With drop_uniform_groups, the most rounds of sampling per step; a step "
+        "still short of groups trains on those it kept (or, when none, on its first round).",
+    )
 
 
 class WarmstartSection(Section):
