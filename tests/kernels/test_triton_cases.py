@@ -88,13 +88,17 @@ def make_batch(
     def vector(scale: float) -> torch.Tensor:
         return (-torch.rand(n, generator=gen) * scale).to(device)
 
+    hidden, weight = matrix(n), matrix(v, 2.0 / h**0.5)
+    targets = torch.randint(0, v, (n,), generator=gen).to(device)
+    # Old log-probs near the policy's own: ratios on both sides of every clip bound.
+    logp = (hidden.float() @ weight.float().T).log_softmax(-1).gather(1, targets[:, None])[:, 0]
     return {
-        "hidden": matrix(n).requires_grad_(),
-        "weight": matrix(v, 2.0 / h**0.5).requires_grad_(),
-        "targets": torch.randint(0, v, (n,), generator=gen).to(device),
+        "hidden": hidden.requires_grad_(),
+        "weight": weight.requires_grad_(),
+        "targets": targets,
         "loss_mask": (torch.rand(n, generator=gen) < active).to(device),
         "advantages": torch.randn(n, generator=gen).to(device),
-        "old_logprobs": vector(6.0),
+        "old_logprobs": logp + (torch.randn(n, generator=gen) * 0.7).to(device),
         "ref_logprobs": vector(6.0),
         "sampler_logprobs": (torch.randn(n, generator=gen) * 0.5).to(device),  # + old, below
         "mtp_hidden": [matrix(n).requires_grad_() for _ in range(2)],

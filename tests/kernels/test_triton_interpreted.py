@@ -148,9 +148,7 @@ def test_vocab_parallel_matches_one_process(tmp_path, name: str) -> None:
     context = mp.get_context("spawn")
     results = context.Queue()
     ranks = [
-        context.Process(
-            target=_tp_rank, args=(r, str(tmp_path / "init"), terms, shared, results)
-        )
+        context.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), terms, shared, results))
         for r in range(2)
     ]
     for process in ranks:

@@ -291,6 +291,7 @@ class Trainer:
             advantages=local.advantages,
             old_logprobs=local.old_logprobs,
             ref_logprobs=local.ref_logprobs,
+            sampler_logprobs=local.sampler_logprobs if plan.sampler_logprobs else None,
             mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
             cu_seqlens=local.cu_seqlens,
             tp_group=self.tp_group,
@@ -375,6 +376,11 @@ def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
         raise ValueError(
             f"losses: mtp terms need parallel.cp: 1 (it is {cp}): a draft row t is taught by "
             "the policy's row t+k, which may sit on another context-parallel rank"
+        )
+    if plan.sequence_ratio:
+        raise ValueError(
+            f"losses: the grpo term's ratio 'sequence' (GSPO) needs whole sequences and "
+            f"parallel.cp={cp} splits them; use ratio: token"
         )
     for term in plan.terms:
         if term.loss_agg != "token-mean":
