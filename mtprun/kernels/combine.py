@@ -27,7 +27,9 @@ class GroupWeights:
     @classmethod
     def of(cls, group: RowGroup, inputs: HeadInputs) -> GroupWeights:
         def weights(loss_agg: str) -> torch.Tensor:
-            return aggregation_weights(loss_agg, group, inputs.cu_seqlens, inputs.norm_length)
+            return aggregation_weights(
+                loss_agg, group, inputs.cu_seqlens, inputs.norm_length, inputs.tokens_per_sequence
+            )
 
         return cls(
             terms=tuple(weights(t.loss_agg) for t in group.terms),

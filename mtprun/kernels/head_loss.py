@@ -29,6 +29,7 @@ def head_loss(
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
     sampler_logprobs: torch.Tensor | None = None,
+    tokens_per_sequence: float | None = None,
     chunking: Chunking | None = None,
 ) -> HeadLossOutput:
     """Every loss term of `plan` from one statistics pass over the vocab, without a [N, V]
@@ -54,13 +55,17 @@ def head_loss(
                    were recomputed by the trainer (plans with sampler_logprobs or a grpo
                    tis_cap): the truncated IS weight min(exp(old - sampler), tis_cap) and the
                    metrics logprob_mismatch, is_weight_mean, is_clip_frac (mtprun.losses.sampler).
+    tokens_per_sequence: the trained tokens per trained sequence of the whole optimizer step,
+                   when the caller weighs each call's loss by its share of the step's trained
+                   tokens (the trainer does): the seq-mean-* aggregations then average over the
+                   step's sequences, not this call's (inputs.aggregation_weights).
     chunking:      row-chunk / vocab-tile sizes or memory budget of the torch engine.
 
     Returns loss (0-d float32, differentiable w.r.t. hidden, weight and mtp_hidden), metrics
     (0-d float32 per name of plan.metrics) and logprobs ([N] float32, 0 where masked).
     CUDA tensors run the Triton kernels (same signature, `chunking` ignored).
     """
-    per_token = {
+    arguments = {
         "targets": targets,
         "loss_mask": loss_mask,
         "advantages": advantages,
@@ -71,14 +76,15 @@ def head_loss(
         "teacher_hidden": teacher_hidden,
         "teacher_weight": teacher_weight,
         "sampler_logprobs": sampler_logprobs,
+        "tokens_per_sequence": tokens_per_sequence,
     }
     if isinstance(hidden, torch.Tensor) and hidden.is_cuda:
         # Imported here so that CPU-only installs never import triton.
         from mtprun.kernels.triton import head_loss_triton
 
-        return head_loss_triton(hidden, weight, plan, **per_token, tp_group=tp_group)
+        return head_loss_triton(hidden, weight, plan, **arguments, tp_group=tp_group)
     tp_rank, tp_size = (0, 1) if tp_group is None else (tp_group.rank(), tp_group.size())
-    inputs = validate(plan, hidden, weight, **per_token, tp_rank=tp_rank, tp_size=tp_size)
+    inputs = validate(plan, hidden, weight, **arguments, tp_rank=tp_rank, tp_size=tp_size)
     if tp_size == 1:
         tp_group = None  # a group of one exchanges nothing; keep the one-pass schedule
     groups = row_groups(plan, inputs)

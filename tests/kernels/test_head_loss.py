@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -222,3 +224,39 @@ def test_second_backward_on_one_forward_is_refused():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
+
+
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_calls_weighted_by_their_token_share_add_up_to_the_step(loss_agg):
+    """The trainer's micro batches: each call's loss weighted by its share of the step's
+    trained tokens, with the step's tokens_per_sequence, is one call over the whole step
+    (sequence means over the step's sequences, not each micro batch's)."""
+    terms = [{"kind": "grpo", "loss_agg": loss_agg, "ratio": "sequence", "clip_c": 2.0}]
+    problem = make_problem(terms, rows=60, seq_lens=[5, 25, 4, 6, 20], active=0.8)
+    problem.plan = type(problem.plan).compile(problem.plan.terms, norm_length=40)
+    whole = problem.clone()
+    expected = whole.call(head_loss)
+    expected.loss.backward()
+
+    mask, cu = problem.kwargs["loss_mask"], problem.kwargs["cu_seqlens"]
+    total = int(mask.sum())
+    sequences = sum(bool(mask[a:b].any()) for a, b in itertools.pairwise(cu.tolist()))
+    split = problem.clone()
+    parts = []
+    for rows, bounds in ((slice(0, 30), [0, 5, 30]), (slice(30, 60), [0, 4, 10, 30])):
+        kwargs = {k: v[rows] for k, v in split.kwargs.items() if k != "cu_seqlens"}
+        share = int(mask[rows].sum()) / total
+        out = head_loss(
+            split.hidden[rows],
+            split.weight,
+            split.plan,
+            **kwargs,
+            cu_seqlens=torch.tensor(bounds),
+            tokens_per_sequence=total / sequences,
+        )
+        parts.append(share * out.loss)
+    loss = sum(parts)
+    loss.backward()
+    torch.testing.assert_close(loss, expected.loss)
+    torch.testing.assert_close(split.hidden.grad, whole.hidden.grad)
+    torch.testing.assert_close(split.weight.grad, whole.weight.grad)

@@ -83,8 +83,13 @@ class KernelGroup:
         once per aggregation: each is a few launches queued between the first GEMM and the
         kernel, and the token means of the metrics reuse the token-mean one."""
         if loss_agg not in self._aggregations:
+            inputs = self.inputs
             self._aggregations[loss_agg] = aggregation_weights(
-                loss_agg, self.group, self.inputs.cu_seqlens, self.inputs.norm_length
+                loss_agg,
+                self.group,
+                inputs.cu_seqlens,
+                inputs.norm_length,
+                inputs.tokens_per_sequence,
             )
         return self._aggregations[loss_agg]
 

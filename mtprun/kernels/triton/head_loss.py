@@ -35,6 +35,7 @@ def head_loss_triton(
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
     sampler_logprobs: torch.Tensor | None = None,
+    tokens_per_sequence: float | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> HeadLossOutput:
     """Every term of `plan` in one pass over the vocabulary, with Triton per-row kernels.
@@ -59,6 +60,7 @@ def head_loss_triton(
         teacher_hidden=teacher_hidden,
         teacher_weight=teacher_weight,
         sampler_logprobs=sampler_logprobs,
+        tokens_per_sequence=tokens_per_sequence,
         tp_rank=tp_rank,
         tp_size=tp_size,
     )
