@@ -79,6 +79,13 @@ CASES = {
             "own old log-probs: set rollout.recompute_logprobs: true (or remove tis_cap)"
         ],
     ),
+    "sampling rounds without dynamic sampling (warning)": (
+        RL.replace("reward: arithmetic}", "reward: arithmetic, max_sampling_rounds: 3}"),
+        [
+            "7:67: warning: max_sampling_rounds bounds dynamic sampling, which is off: set "
+            "task.drop_uniform_groups: true (or remove max_sampling_rounds)"
+        ],
+    ),
     "mtp under context parallelism": (
         MIMO + "parallel: {cp: 2}\nlosses:\n  - kind: ce\n  - kind: mtp\n",
         [
