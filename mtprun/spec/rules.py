@@ -382,14 +382,15 @@ def _warmup_within_steps(r: Recipe) -> Iterator[Issue]:
 @rule("task")
 def _sampling_rounds_need_dynamic_sampling(r: Recipe) -> Iterator[Issue]:
     task = r.task
-    if task is not None and not task.drop_uniform_groups:
-        if "max_sampling_rounds" in task.model_fields_set:
-            yield Issue(
-                ("task", "max_sampling_rounds"),
-                "max_sampling_rounds bounds dynamic sampling, which is off: set "
-                "task.drop_uniform_groups: true (or remove max_sampling_rounds)",
-                "warning",
-            )
+    if task is None or task.drop_uniform_groups:
+        return
+    if "max_sampling_rounds" in task.model_fields_set:
+        yield Issue(
+            ("task", "max_sampling_rounds"),
+            "max_sampling_rounds bounds dynamic sampling, which is off: set "
+            "task.drop_uniform_groups: true (or remove max_sampling_rounds)",
+            "warning",
+        )
 
 
 @rule("task", "data", "warmstart")
