@@ -9,12 +9,18 @@ trajectory holds what the engines sampled (with the log-probs they sampled it wi
 log-probs of the update) and the inserted tool, user and template tokens (never sampled,
 hence untrained under the `sampled` mask). An episode's reward is its environment's, when it
 gave one, else task.reward's score.
+
+DAPO dynamic sampling (`task.drop_uniform_groups`): a group whose rewards are all equal has
+advantage 0 everywhere and teaches the policy gradient nothing; such groups are dropped and
+further rounds of fresh prompts (a pure function of seed, step and round) are sampled until
+`prompts_per_step` groups remain or `max_sampling_rounds` rounds ran. A step left with no
+group keeps its first round (its policy-gradient terms are then 0).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +55,44 @@ class Episodes:
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
+    sampling_rounds: int = 1  # rounds of prompts sampled for the step (dynamic sampling)
+    dropped_groups: int = 0  # groups of equal rewards dropped (dynamic sampling)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prompts)
+
+    def groups(self, indices: list[int]) -> Episodes:
+        """The episodes of the prompt groups `indices`, in that order."""
+        n = self.rewards.shape[1]
+        episodes = [g * n + j for g in indices for j in range(n)]
+        return replace(
+            self,
+            prompts=[self.prompts[g] for g in indices],
+            conversations=[self.conversations[k] for k in episodes],
+            trajectories=[self.trajectories[k] for k in episodes],
+            rewards=self.rewards[indices],
+            sampled_tokens=[self.sampled_tokens[k] for k in episodes],
+            truncated=[self.truncated[k] for k in episodes],
+            tool_turns=[self.tool_turns[k] for k in episodes],
+        )
+
+    def informative_groups(self) -> list[int]:
+        """Groups whose rewards are not all equal (the others have advantage 0)."""
+        spread = self.rewards.amax(dim=1) > self.rewards.amin(dim=1)
+        return spread.nonzero().flatten().tolist()
+
+    def __add__(self, other: Episodes) -> Episodes:
+        return replace(
+            self,
+            prompts=self.prompts + other.prompts,
+            conversations=self.conversations + other.conversations,
+            trajectories=self.trajectories + other.trajectories,
+            rewards=torch.cat([self.rewards, other.rewards]),
+            sampled_tokens=self.sampled_tokens + other.sampled_tokens,
+            truncated=self.truncated + other.truncated,
+            tool_turns=self.tool_turns + other.tool_turns,
+        )
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -60,6 +104,8 @@ class Episodes:
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
             "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
+            "rollout/sampling_rounds": float(self.sampling_rounds),
+            "rollout/dropped_groups": float(self.dropped_groups),
         }
 
     def sample_text(self, limit: int) -> str:
@@ -112,9 +158,30 @@ class EpisodeCollector:
         self.pool = pool
 
     def collect(self, step: int) -> Episodes:
+        """The step's episodes: `prompts_per_step` groups (with dynamic sampling, those whose
+        rewards differ, from up to `max_sampling_rounds` rounds)."""
+        section = self.task_section
+        first = self._collect_round(section.prompts_per_step, _step_seed(self.seed, step))
+        if not section.drop_uniform_groups:
+            return first
+        kept = first.groups(first.informative_groups())
+        rounds, sampled = 1, first.num_groups
+        while kept.num_groups < section.prompts_per_step and rounds < section.max_sampling_rounds:
+            missing = section.prompts_per_step - kept.num_groups
+            more = self._collect_round(missing, _step_seed(self.seed, step, rounds))
+            kept, rounds, sampled = (
+                kept + more.groups(more.informative_groups()),
+                rounds + 1,
+                sampled + missing,
+            )
+        if kept.num_groups == 0:
+            kept = first
+        return replace(kept, sampling_rounds=rounds, dropped_groups=sampled - kept.num_groups)
+
+    def _collect_round(self, num_prompts: int, seed: int) -> Episodes:
         section = self.task_section
         n = section.samples_per_prompt
-        prompts = self.task.prompts(section.prompts_per_step, seed=_step_seed(self.seed, step))
+        prompts = self.task.prompts(num_prompts, seed=seed)
         episodes = self._start([p for p in prompts for _ in range(n)])
         samples = self._first_samples(episodes, n)
         active = episodes
@@ -197,9 +264,11 @@ class EpisodeCollector:
         )
 
 
-def _step_seed(seed: int, step: int) -> int:
-    # Distinct, reproducible prompts per step: a resumed step sees the same prompts.
-    return random.Random(f"{seed}:{step}").randrange(2**31)
+def _step_seed(seed: int, step: int, sampling_round: int = 0) -> int:
+    # Distinct, reproducible prompts per step (and dynamic-sampling round): a resumed step
+    # sees the same prompts.
+    key = f"{seed}:{step}" if sampling_round == 0 else f"{seed}:{step}:{sampling_round}"
+    return random.Random(key).randrange(2**31)
 
 
 def _message_text(message: Any) -> str:
