@@ -155,6 +155,18 @@ class TaskSection(Section):
         "null: the task's own (calculator_tool runs its calculator; other tasks end after one "
         "turn).",
     )
+    drop_uniform_groups: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose rewards are all equal (their "
+        "advantages are 0) and sample more prompts until prompts_per_step groups remain, in "
+        "at most max_sampling_rounds rounds.",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="With drop_uniform_groups, the most rounds of sampling per step; a step "
+        "still short of groups trains on those it kept (or, when none, on its first round).",
+    )
 
     _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
 

@@ -27,3 +27,9 @@ class RolloutSection(Section):
         None, description="Speculative decoding; null turns it off."
     )
     num_engines: int = Field(1, ge=1, description="Rollout engine replicas.")
+    recompute_logprobs: bool = Field(
+        False,
+        description="Before each update the trainer recomputes the old log-probs of the "
+        "sampled tokens with its own forward pass; the engine's become the sampler log-probs "
+        "(train/logprob_mismatch, and a grpo term's tis_cap correction).",
+    )

@@ -104,6 +104,17 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
         )
 
 
+@rule("losses", "rollout")
+def _tis_needs_recomputed_logprobs(r: Recipe) -> Iterator[Issue]:
+    for i, term in _terms(r):
+        if term.kind == "grpo" and term.tis_cap is not None and not r.rollout.recompute_logprobs:
+            yield Issue(
+                ("losses", i, "tis_cap"),
+                "tis_cap weighs each token by pi_old / pi_sampler, which needs the trainer's own "
+                "old log-probs: set rollout.recompute_logprobs: true (or remove tis_cap)",
+            )
+
+
 @rule("losses", "model", "parallel")
 def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
     # The trainer runs the teacher split over the policy's TP group and compares the two
@@ -147,6 +158,12 @@ def _cp_keeps_token_terms(r: Recipe) -> Iterator[Issue]:
                 ("losses", i, "loss_agg"),
                 f"loss_agg {term.loss_agg} needs whole sequences and parallel.cp {cp} splits "
                 "them over ranks; use loss_agg: token-mean",
+            )
+        if term.kind == "grpo" and term.ratio == "sequence":
+            yield Issue(
+                ("losses", i, "ratio"),
+                f"ratio: sequence (GSPO) averages each sequence's log-ratio and parallel.cp {cp} "
+                "splits sequences over ranks; use ratio: token or parallel.cp: 1",
             )
 
 
@@ -352,6 +369,20 @@ def _task_prompts_and_reward(r: Recipe) -> Iterator[Issue]:
     problem = reward_problem(task.reward)
     if problem is not None:
         yield Issue(("task", "reward"), problem)
+
+
+@rule("task")
+def _sampling_rounds_need_dynamic_sampling(r: Recipe) -> Iterator[Issue]:
+    task = r.task
+    if task is None or task.drop_uniform_groups:
+        return
+    if "max_sampling_rounds" in task.model_fields_set:
+        yield Issue(
+            ("task", "max_sampling_rounds"),
+            "max_sampling_rounds bounds dynamic sampling, which is off: set "
+            "task.drop_uniform_groups: true (or remove max_sampling_rounds)",
+            "warning",
+        )
 
 
 @rule("task", "data", "warmstart", "eval")

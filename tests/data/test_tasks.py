@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,20 @@ def test_registries_import_without_torch() -> None:
         "heavy = {'torch', 'transformers'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "prompts.parquet"])
+def test_each_dynamic_sampling_round_draws_prompts_of_its_own(name: str, tmp_path) -> None:
+    from mtprun.data.tasks import task_for
+    from mtprun.spec.data import TaskSection
+
+    examples = Path(__file__).parents[2] / "recipes" / "examples"
+    columns = {"prompt": "question", "answer": "solution"}
+    dataset = {"path": str(examples / name), "columns": columns}
+    source = {"name": name} if name == "arithmetic" else {"prompts": dataset}
+    task = task_for(TaskSection(**source, reward="exact_answer"), 0, tmp_path)
+    seed, step = random.randrange(10_000), random.randint(1, 50)
+    first, extra = task.step_prompts(16, seed, step), task.step_prompts(16, seed, step, 1)
+    assert first == task.step_prompts(16, seed, step)  # a resumed step sees what it saw
+    assert extra == task.step_prompts(16, seed, step, 1)
+    assert extra != first and extra != task.step_prompts(16, seed, step, 2)

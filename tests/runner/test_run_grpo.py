@@ -41,7 +41,8 @@ TOTAL = WARMSTART_STEPS + GRPO_STEPS
 STOP_AFTER = 4  # SIGINT once step 4 (the second GRPO step) is logged
 
 
-def _recipe(run_dir: Path) -> dict:
+def grpo_recipe(run_dir: Path) -> dict:
+    """The tiny warm-start + GRPO recipe of these runs (other e2e tests vary it)."""
     return {
         "name": "e2e-grpo",
         "run_dir": str(run_dir),
@@ -75,7 +76,7 @@ def grpo_run():
     # A short folder: Ray's Unix sockets live under <run_dir>/ray.
     root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))
     run_dir = root / "run"
-    recipe = write_recipe(root, _recipe(run_dir))
+    recipe = write_recipe(root, grpo_recipe(run_dir))
     log_file = run_dir / "log.txt"
 
     first = start(recipe, cwd=root)

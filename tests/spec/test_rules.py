@@ -65,6 +65,27 @@ CASES = {
             "them over ranks; use loss_agg: token-mean"
         ],
     ),
+    "GSPO's sequence ratio under context parallelism": (
+        RL.replace("[{kind: grpo}]", "[{kind: grpo, ratio: sequence}]") + "parallel: {cp: 2}\n",
+        [
+            "8:30: ratio: sequence (GSPO) averages each sequence's log-ratio and parallel.cp 2 "
+            "splits sequences over ranks; use ratio: token or parallel.cp: 1"
+        ],
+    ),
+    "truncated IS without recomputed old log-probs": (
+        RL.replace("[{kind: grpo}]", "[{kind: grpo, tis_cap: 2}]"),
+        [
+            "8:32: tis_cap weighs each token by pi_old / pi_sampler, which needs the trainer's "
+            "own old log-probs: set rollout.recompute_logprobs: true (or remove tis_cap)"
+        ],
+    ),
+    "sampling rounds without dynamic sampling (warning)": (
+        RL.replace("reward: arithmetic}", "reward: arithmetic, max_sampling_rounds: 3}"),
+        [
+            "7:67: warning: max_sampling_rounds bounds dynamic sampling, which is off: set "
+            "task.drop_uniform_groups: true (or remove max_sampling_rounds)"
+        ],
+    ),
     "mtp under context parallelism": (
         MIMO + "parallel: {cp: 2}\nlosses:\n  - kind: ce\n  - kind: mtp\n",
         [
@@ -190,6 +211,12 @@ def test_rule_is_reported_at_the_offending_value(write_recipe, located, case: st
 
 def test_mtp_terms_validate_under_pipeline_parallelism(write_recipe, located) -> None:
     path = write_recipe(MIMO + "parallel: {pp: 2}\nlosses:\n  - kind: ce\n  - kind: mtp\n")
+    assert located(path) == []
+
+
+def test_truncated_is_validates_with_recomputed_logprobs(write_recipe, located) -> None:
+    recipe = RL.replace("[{kind: grpo}]", "[{kind: grpo, tis_cap: 2, clip_c: 3}]")
+    path = write_recipe(recipe + "rollout: {recompute_logprobs: true}\n")
     assert located(path) == []
 
 

@@ -54,10 +54,12 @@ class Task(ABC):
     def prompts(self, n: int, seed: int) -> list[Prompt]:
         """`n` prompts, the same for the same seed."""
 
-    def step_prompts(self, n: int, seed: int, step: int) -> list[Prompt]:
-        """The `n` prompts of RL step `step`: the same for the same seed and step (a resumed
-        step sees the prompts it saw), distinct from step to step."""
-        return self.prompts(n, seed=step_seed(seed, step))
+    def step_prompts(self, n: int, seed: int, step: int, sampling_round: int = 0) -> list[Prompt]:
+        """The `n` prompts of RL step `step` (of its dynamic-sampling round `sampling_round`
+        after the first): the same for the same seed, step and round (a resumed step sees the
+        prompts it saw), distinct from step to step and round to round."""
+        uses = (step, sampling_round) if sampling_round else (step,)
+        return self.prompts(n, seed=step_seed(seed, *uses))
 
     def heldout_prompts(self, n: int | None, seed: int) -> list[Prompt]:
         """Evaluation prompts: a synthetic task draws them from a stream of their own (which
@@ -105,6 +107,7 @@ def rng_for(task: str, seed: int) -> random.Random:
     return random.Random(f"{task}:{seed}")
 
 
-def step_seed(seed: int, step: int | str) -> int:
-    """The seed of one use of the recipe's seed: an RL step's prompts, an evaluation."""
-    return random.Random(f"{seed}:{step}").randrange(2**31)
+def step_seed(seed: int, *use: int | str) -> int:
+    """The seed of one use of the recipe's seed: an RL step's prompts (step, and its
+    dynamic-sampling round after the first), an evaluation ("eval")."""
+    return random.Random(":".join(map(str, (seed, *use)))).randrange(2**31)

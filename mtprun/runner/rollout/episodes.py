@@ -9,12 +9,19 @@ trajectory holds what the engines sampled (with the log-probs they sampled it wi
 log-probs of the update) and the inserted tool, user and template tokens (never sampled,
 hence untrained under the `sampled` mask). An episode's reward is its environment's, when it
 gave one, else task.reward's score (computed off the driver by the reward workers, see
-`rewards.EpisodeScorer`). Evaluation runs the same loop with its own prompts and sampling.
+`rewards.EpisodeScorer`). Evaluation runs the same loop (`run`) with its own prompts and
+sampling.
+
+DAPO dynamic sampling (`task.drop_uniform_groups`): a group whose rewards are all equal has
+advantage 0 everywhere and teaches the policy gradient nothing; such groups are dropped and
+further rounds of fresh prompts (a pure function of seed, step and round) are sampled until
+`prompts_per_step` groups remain or `max_sampling_rounds` rounds ran. A step left with no
+group keeps its first round (its policy-gradient terms are then 0).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +44,7 @@ from mtprun.data.tasks import Prompt, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
 from mtprun.runner.rollout.pool import RolloutPool
-from mtprun.runner.rollout.rewards import EpisodeScorer
+from mtprun.runner.rollout.rewards import EpisodeScorer, RewardOutcome, component_means
 from mtprun.spec import Recipe
 
 
@@ -50,7 +57,53 @@ class Episodes:
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
-    reward_metrics: dict[str, float] = field(default_factory=dict)  # components, errors
+    reward_outcomes: list[RewardOutcome]  # what scored each episode (components or error)
+    reward_errors: int = 0  # reward errors of the step, dropped groups' included
+    sampling_rounds: int = 1  # rounds of prompts sampled for the step (dynamic sampling)
+    dropped_groups: int = 0  # groups of equal rewards dropped (dynamic sampling)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prompts)
+
+    def groups(self, indices: list[int]) -> Episodes:
+        """The episodes of the prompt groups `indices`, in that order."""
+        n = self.rewards.shape[1]
+        episodes = [g * n + j for g in indices for j in range(n)]
+        return replace(
+            self,
+            prompts=[self.prompts[g] for g in indices],
+            conversations=[self.conversations[k] for k in episodes],
+            trajectories=[self.trajectories[k] for k in episodes],
+            rewards=self.rewards[indices],
+            sampled_tokens=[self.sampled_tokens[k] for k in episodes],
+            truncated=[self.truncated[k] for k in episodes],
+            tool_turns=[self.tool_turns[k] for k in episodes],
+            reward_outcomes=[self.reward_outcomes[k] for k in episodes],
+        )
+
+    def informative_groups(self) -> list[int]:
+        """Groups whose rewards are not all equal (the others have advantage 0)."""
+        spread = self.rewards.amax(dim=1) > self.rewards.amin(dim=1)
+        return spread.nonzero().flatten().tolist()
+
+    def __add__(self, other: Episodes) -> Episodes:
+        return replace(
+            self,
+            prompts=self.prompts + other.prompts,
+            conversations=self.conversations + other.conversations,
+            trajectories=self.trajectories + other.trajectories,
+            rewards=torch.cat([self.rewards, other.rewards]),
+            sampled_tokens=self.sampled_tokens + other.sampled_tokens,
+            truncated=self.truncated + other.truncated,
+            tool_turns=self.tool_turns + other.tool_turns,
+            reward_outcomes=self.reward_outcomes + other.reward_outcomes,
+            reward_errors=self.reward_errors + other.reward_errors,
+        )
+
+    def reward_metrics(self) -> dict[str, float]:
+        """`reward/<component>` over these episodes, `reward/errors` over the step's."""
+        return {**component_means(self.reward_outcomes), "reward/errors": float(self.reward_errors)}
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -62,7 +115,9 @@ class Episodes:
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
             "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
-            **self.reward_metrics,
+            "rollout/sampling_rounds": float(self.sampling_rounds),
+            "rollout/dropped_groups": float(self.dropped_groups),
+            **self.reward_metrics(),
         }
 
     def sample_text(self, limit: int) -> str:
@@ -124,9 +179,31 @@ class EpisodeCollector:
         self.pool = pool
 
     def collect(self, step: int) -> Episodes:
-        """The episodes of RL step `step`."""
+        """The step's episodes: `prompts_per_step` groups (with dynamic sampling, those whose
+        rewards differ, from up to `max_sampling_rounds` rounds)."""
         section = self.task_section
-        prompts = self.task.step_prompts(section.prompts_per_step, self.seed, step)
+        first = self._collect_round(step, 0, section.prompts_per_step)
+        if not section.drop_uniform_groups:
+            return first
+        kept = first.groups(first.informative_groups())
+        rounds, sampled, errors = 1, first.num_groups, first.reward_errors
+        while kept.num_groups < section.prompts_per_step and rounds < section.max_sampling_rounds:
+            missing = section.prompts_per_step - kept.num_groups
+            more = self._collect_round(step, rounds, missing)
+            kept = kept + more.groups(more.informative_groups())
+            rounds, sampled, errors = rounds + 1, sampled + missing, errors + more.reward_errors
+        if kept.num_groups == 0:
+            kept = first
+        return replace(
+            kept,
+            reward_errors=errors,
+            sampling_rounds=rounds,
+            dropped_groups=sampled - kept.num_groups,
+        )
+
+    def _collect_round(self, step: int, sampling_round: int, num_prompts: int) -> Episodes:
+        section = self.task_section
+        prompts = self.task.step_prompts(num_prompts, self.seed, step, sampling_round)
         return self.run(prompts, section.samples_per_prompt)
 
     def run(self, prompts: list[Prompt], n: int, sampling: Sampling | None = None) -> Episodes:
@@ -167,7 +244,8 @@ class EpisodeCollector:
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
             tool_turns=[e.tool_turns for e in episodes],
-            reward_metrics=scores.metrics(),
+            reward_outcomes=scores.outcomes,
+            reward_errors=scores.errors,
         )
 
     def _start(self, prompts: list[Prompt]) -> list[_Episode]:

@@ -61,17 +61,20 @@ class Scores:
     def errors(self) -> int:
         return sum(o.error is not None for o in self.outcomes)
 
-    def metrics(self, prefix: str = "reward") -> dict[str, float]:
-        """`prefix/errors` and the mean of every named component over the episodes that
-        returned it (`total` is `prefix/mean`, logged by the caller)."""
-        sums: dict[str, list[float]] = {}
-        for outcome in self.outcomes:
-            for name, value in (outcome.components or {}).items():
-                if name != "total":
-                    sums.setdefault(name, []).append(value)
-        metrics = {f"{prefix}/{name}": sum(v) / len(v) for name, v in sums.items()}
-        metrics[f"{prefix}/errors"] = float(self.errors)
-        return metrics
+    def metrics(self) -> dict[str, float]:
+        """`reward/errors` and `reward/<component>` (see component_means)."""
+        return {**component_means(self.outcomes), "reward/errors": float(self.errors)}
+
+
+def component_means(outcomes: Sequence[RewardOutcome]) -> dict[str, float]:
+    """`reward/<name>`: the mean of every named component over the outcomes that returned it
+    (`total` is `reward/mean`, logged by the caller)."""
+    values: dict[str, list[float]] = {}
+    for outcome in outcomes:
+        for name, value in (outcome.components or {}).items():
+            if name != "total":
+                values.setdefault(name, []).append(value)
+    return {f"reward/{name}": sum(v) / len(v) for name, v in values.items()}
 
 
 class EpisodeScorer:

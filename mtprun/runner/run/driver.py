@@ -233,7 +233,9 @@ class Driver:
             result = step_fn(self.trainer, step=step)  # the current trainer: restarts swap it
             result.metrics["train/restarts"] = float(self.trainer_restarts)
             self._commit(step, result)
-            progress.step_done(bar, summary_line(step, self._progress_metrics(result), _SUMMARY))
+            summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
+            progress.step_done(bar, summary)
+            log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
             if every and step % every == 0:
                 self._save()
 

@@ -70,7 +70,7 @@ class Evaluator:
             "eval/reward/mean": float(episodes.rewards.mean()),
             "eval/response/length": float(torch.tensor(episodes.sampled_tokens).float().mean()),
             "eval/prompts": float(len(self.prompts)),
-            **{f"eval/{k}": v for k, v in episodes.reward_metrics.items()},
+            **{f"eval/{k}": v for k, v in episodes.reward_metrics().items()},
         }
         for k in section.pass_k:
             scores = [pass_at_k(section.samples, c, k) for c in passed]
