@@ -77,6 +77,7 @@ class Driver:
             self._ensure_model()
             self._check_teachers()
             self._connect_ray(ray_address)
+            self.stop.install()  # again: Ray's driver replaced the SIGTERM handler
             self._resume_position()
             with RunProgress(self.console) as progress:
                 for stage in self.stages:
@@ -212,8 +213,12 @@ class Driver:
         )
         self._prepare_trainer(stage, start_dir, resume_from)
         if stage.kind == "grpo":
-            policy_dir = resume_from / "hf" if resume_from else start_dir
-            self.pool = RolloutPool.start(self.recipe, policy_dir, self.run_dir.vllm_dir)
+            # Engines start from the stage's start folder, which pruning never deletes: Ray
+            # restarts a dead engine with the same arguments. A resumed stage then syncs the
+            # checkpoint's weights into them.
+            self.pool = RolloutPool.start(self.recipe, start_dir, self.run_dir.vllm_dir)
+            if resume_from is not None:
+                self.pool.update_weights(self.trainer.weights_ref())
             log.info("rollout engines ready: pids %s", self.pool.pids)
             collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
             step_fn = partial(grpo_step, pool=self.pool, collector=collector, stage=stage)
