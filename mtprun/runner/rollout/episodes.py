@@ -37,6 +37,7 @@ class Episodes:
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
+    versions: list[int]  # the policy version that sampled each episode (its oldest turn's)
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -69,6 +70,7 @@ class _Episode:
     sampled_tokens: int = 0
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
     tool_turns: int = 0
+    version: int | None = None  # the oldest policy version among its sampled turns
 
     def add_turn(self, sample: Any, renderer: Renderer) -> None:
         """A turn the engine sampled (token ids with their log-probs)."""
@@ -77,6 +79,7 @@ class _Episode:
         message = renderer.parse_assistant(renderer.tokenizer.decode(sample.token_ids))
         self.conversation = (*self.conversation, message)
         self.truncated = sample.finish_reason == "length"
+        self.version = sample.version if self.version is None else min(self.version, sample.version)
 
 
 class EpisodeCollector:
@@ -124,6 +127,7 @@ class EpisodeCollector:
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
             tool_turns=[e.tool_turns for e in episodes],
+            versions=[e.version for e in episodes],
         )
 
     def _tool_answers(self, episode: _Episode, last_turn: bool) -> bool:
