@@ -51,7 +51,7 @@ class RolloutPool:
         remote = ray.remote(RolloutWorker).options(
             num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=MAX_RESTARTS
         )
-        threads = torch_threads(res, count)
+        threads = torch_threads(recipe, count)
         actors = [
             remote.remote(
                 str(policy_dir),

@@ -44,7 +44,7 @@ class TrainerGroup:
         remote = ray.remote(TrainerWorker).options(
             num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=0
         )
-        threads = torch_threads(res, world)
+        threads = torch_threads(recipe, world)
         return cls([remote.remote(rank, world, threads) for rank in range(world)], par, recipe.seed)
 
     def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
