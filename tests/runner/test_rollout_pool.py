@@ -62,4 +62,5 @@ def test_engine_killed_between_steps_is_restarted_by_the_weight_sync(
     assert pool.restarts == 1
     assert pool.pids[0] != killed
     assert seconds > 0
+    assert {sample.version for samples in after for sample in samples} == {1}
     _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
