@@ -43,7 +43,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--layers", type=int, help="Decoder layers instead of the shape's.")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=["collective", "object_store"],
+        default=["collective", "object_store"],
+    )
     args = parser.parse_args()
 
     import ray
@@ -59,6 +66,8 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="ws", dir="/tmp"))  # Ray's sockets need a short path
     shape = {"architecture": "qwen2", "max_seq_len": 256, **SHAPES[args.model]}
+    if args.layers:
+        shape["layers"] = args.layers
     recipe = Recipe.model_validate(
         {
             "name": "weight-sync-bench",
@@ -82,7 +91,7 @@ def main() -> None:
         trainer = TrainerGroup.start(recipe)
         trainer.build(recipe, str(folder), compile_recipe(recipe).to_json(), False)
         pool = RolloutPool.start(recipe, folder, root / "engines")
-        for method in ("object_store", "collective"):
+        for method in args.methods:
             sync = WeightSync(method, lambda: trainer, pool)
             pushes = [sync.push() for _ in range(args.repeats + 1)][1:]
             results[method] = {
@@ -101,6 +110,7 @@ def main() -> None:
         json.dumps(
             {
                 "model": args.model,
+                "layers": shape["layers"],
                 "dtype": args.dtype,
                 "parameters": parameters,
                 "repeats": args.repeats,

@@ -65,8 +65,6 @@ class TransferGroup:
 
     def __init__(self, store: dist.Store, generation: int, rank: int, world_size: int) -> None:
         prefixed = dist.PrefixStore(f"mtprun-weights/{generation}", store)
-        self.rank = rank
-        self.world_size = world_size
         self.device = torch.device("cuda", torch.cuda.current_device()) if _cuda() else None
         if self.device is None:
             self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, _TIMEOUT)
