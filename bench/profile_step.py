@@ -1,5 +1,6 @@
 """Where one trainer step's GPU time goes: torch.profiler over one `Trainer.train_step` of a
-random-init model of Qwen2.5-1.5B's shape, kernels grouped by kind, top kernels listed.
+random-init model of Qwen2.5-1.5B's shape, kernels grouped by kind, top kernels listed, and
+the GPU's idle gaps with the host op that was running in each (what the GPU waited for).
 
     python bench/profile_step.py                              # 2048-token sequences
     python bench/profile_step.py --seq 8192 --recompute full --json $OUT/profile.json
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from mtprun.compiler import compile_recipe
@@ -63,6 +65,35 @@ def kind_of(name: str) -> str:
     return next(kind for kind, pattern in KINDS if re.search(pattern, name, re.IGNORECASE))
 
 
+def idle_gaps(prof: profile, top: int) -> tuple[float, list[list]]:
+    """Total GPU idle ms between the step's first and last kernel, and the `top` longest
+    gaps: [ms, kernel before, kernel after, innermost host op open at the gap's middle]."""
+    events = prof.events()
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in events
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    )
+    if not kernels:
+        return 0.0, []
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    gaps, (_, busy_until, last) = [], kernels[0]
+    for start, end, name in kernels[1:]:
+        if start > busy_until:
+            gaps.append((start - busy_until, busy_until, last, name))
+        if end > busy_until:
+            busy_until, last = end, name
+    rows = []
+    for length, begin, before, after in sorted(gaps, reverse=True)[:top]:
+        middle = begin + length / 2
+        open_ops = [e for e in host if e.time_range.start <= middle <= e.time_range.end]
+        inner = min(open_ops, key=lambda e: e.time_range.elapsed_us(), default=None)
+        rows.append(
+            [round(length / 1e3, 2), before[:60], after[:60], inner.name[:60] if inner else "-"]
+        )
+    return round(sum(g[0] for g in gaps) / 1e3, 1), rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=2048)
@@ -109,8 +140,13 @@ def main() -> None:
     step = min(times[1:] or times)
     body = sum(p.numel() for n, p in trainer.model.named_parameters() if "embedding" not in n)
     kernels = [
-        e for e in prof.key_averages() if e.device_time_total > 0 and e.device_type.name == "CUDA"
+        e
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+        and e.device_type.name == "CUDA"
+        and not getattr(e, "is_user_annotation", False)  # the optimizer's range, not a kernel
     ]
+    idle_ms, gaps = idle_gaps(prof, args.top)
     total = sum(e.device_time_total for e in kernels)
     kinds: dict[str, float] = {}
     for e in kernels:
@@ -126,10 +162,16 @@ def main() -> None:
         "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
         "loss": round(metrics["loss"], 4),
         "gpu_busy_ms": round(total / 1e3, 1),
+        "gpu_idle_ms": idle_ms,
         "kinds_ms": {k: round(v / 1e3, 1) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
         "top": [
             [e.key[:90], round(e.device_time_total / 1e3, 2), e.count]
             for e in sorted(kernels, key=lambda e: -e.device_time_total)[: args.top]
+        ],
+        "idle_gaps": gaps,
+        "host_top": [
+            [e.key[:80], round(e.self_cpu_time_total / 1e3, 2), e.count]
+            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.top]
         ],
     }
     print(json.dumps(result, indent=1))

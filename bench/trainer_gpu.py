@@ -4,8 +4,9 @@ peak memory of a training step of 16384 tokens, random-init models of Qwen2.5 sh
 Trainers, each built from the same random-init HF folder and fed the same tokens:
 - mtprun: `mtprun.runner.trainer.trainer.Trainer` (bf16, AdamW, grad_clip 1.0), all sequences of
   one length packed into micro batches of `--micro-batch-tokens`; timing `train_step`.
-- hf: transformers' `Qwen2ForCausalLM` in bf16, SDPA attention, [step tokens / S, S]
-  batches, float32 full-logit loss, grad clip 1.0, `torch.optim.AdamW(fused=True)`.
+- hf: transformers' `Qwen2ForCausalLM` in bf16, SDPA attention, the same micro batches as
+  [micro tokens / S, S] with gradients accumulated over the step, float32 full-logit loss,
+  grad clip 1.0, `torch.optim.AdamW(fused=True)` on the bf16 weights.
 - liger: the same after Liger-Kernel's RoPE / RMSNorm / SwiGLU patches, and for sft its
   fused linear cross entropy (Liger's fused GRPO loss takes one advantage per sequence, not
   one per token, so grpo keeps the full-logit loss). Skipped where liger_kernel is missing.
@@ -107,9 +108,9 @@ CPU_SHAPE = Shape("cpu-tiny", 128, 2, 4, 2, 256, 256)  # tp 2 divides its KV hea
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration: the step holds `step_tokens` tokens as sequences of `seq`, mtprun
-    takes them in micro batches of `micro_tokens` (whole sequences; 0 when a sequence is
-    longer than the micro batches asked for)."""
+    """One configuration: the step holds `step_tokens` tokens as sequences of `seq`, every
+    trainer takes them in micro batches of `micro_tokens` (whole sequences; 0 when a sequence
+    is longer than the micro batches asked for)."""
 
     shape: Shape
     workload: str
@@ -140,7 +141,7 @@ class Config:
         return _near_policy(batch, self.shape.vocab).to(device)
 
     def micro_batches(self, device: str) -> list[PackedBatch]:
-        """The step's tokens in micro batches of `micro_tokens` (mtprun's)."""
+        """The step's tokens in micro batches of `micro_tokens`."""
         batch, size = self.step_batch(device), self.micro_tokens
         cu = torch.arange(0, size + 1, self.seq, dtype=torch.int32, device=device)
         parts = []
@@ -233,8 +234,11 @@ def run_hf(cfg: Config, folder: Path, args: argparse.Namespace, liger: bool) -> 
     dtype = getattr(torch, args.dtype)
     model = Qwen2ForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
     model.to(args.device).train()
-    batch = cfg.step_batch(args.device)
-    ids = batch.input_ids.view(-1, cfg.seq)
+    # The same micro batches as mtprun's, gradients accumulated; each micro batch's mean
+    # loss weighted by its share of the step's trained tokens (= the step's token mean).
+    parts = cfg.micro_batches(args.device)
+    trained = [int(part.loss_mask.sum()) for part in parts]
+    shares = [n / sum(trained) for n in trained]
     fused_ce = liger and not cfg.rl
     with contextlib.ExitStack() as stack:
         note = "SDPA; float32 full-logit loss"
@@ -242,22 +246,28 @@ def run_hf(cfg: Config, folder: Path, args: argparse.Namespace, liger: bool) -> 
             note = stack.enter_context(_liger_patched(model, fused_ce))
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
 
+        def micro_loss(part: PackedBatch) -> torch.Tensor:
+            ids = part.input_ids.view(-1, cfg.seq)
+            if fused_ce:
+                labels = part.targets.masked_fill(~part.loss_mask, -100).view_as(ids)
+                return model(input_ids=ids, shift_labels=labels, use_cache=False).loss
+            logits = model(input_ids=ids, use_cache=False).logits.flatten(0, 1)
+            return _full_logit_loss(logits, part)
+
         def step() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)
-            if fused_ce:
-                labels = batch.targets.masked_fill(~batch.loss_mask, -100).view_as(ids)
-                loss = model(input_ids=ids, shift_labels=labels, use_cache=False).loss
-            else:
-                logits = model(input_ids=ids, use_cache=False).logits.flatten(0, 1)
-                loss = _full_logit_loss(logits, batch)
-                del logits
-            loss.backward()
+            total = torch.zeros((), device=args.device)
+            for part, share in zip(parts, shares, strict=True):
+                loss = micro_loss(part) * share
+                loss.backward()
+                total += loss.detach()
             torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
             optimizer.step()
-            return loss.detach()
+            return total
 
         times, loss = time_steps(step, args.warmup, args.steps, args.device)
-    return Measured(times, loss, f"[{ids.shape[0]}, {cfg.seq}]", note)
+    rows = cfg.micro_tokens // cfg.seq
+    return Measured(times, loss, f"[{rows}, {cfg.seq}] x{len(parts)}", note)
 
 
 def _full_logit_loss(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -342,7 +352,7 @@ def _skip_reason(trainer: str, cfg: Config, args: argparse.Namespace) -> str:
             return "Liger-Kernel needs CUDA"
         if importlib.util.find_spec("liger_kernel") is None:
             return "liger_kernel is not installed"
-    if trainer == "mtprun" and not cfg.micro_tokens:
+    if not cfg.micro_tokens:
         micro = args.micro_batch_tokens
         return f"a {cfg.seq}-token sequence does not fit {micro}-token micro batches"
     return ""
@@ -491,8 +501,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed steps first (default 2; 1 on CPU)")
     parser.add_argument("--step-tokens", type=int, help="tokens per step (default 16384)")
     parser.add_argument(
-        "--micro-batch-tokens", type=int, help="mtprun's trainer.micro_batch_tokens (default: "
-        "the step's tokens, one micro batch per step)",
+        "--micro-batch-tokens", type=int, help="tokens per micro batch, every trainer "
+        "(mtprun's trainer.micro_batch_tokens; default: the step's, one micro batch per step)",
     )  # fmt: skip
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (mtprun only)")

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
+    from mtprun.data.environment import load_environment_class
     from mtprun.data.render import renderer_for
     from mtprun.data.sft import load_conversations
     from mtprun.data.tasks import get_reward, get_task
@@ -113,13 +114,17 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
         task_section = recipe.task
         renderer = renderer_for(task_section.template, model_path)
         task, reward = get_task(task_section.name), get_reward(task_section.reward)
+        environment = (
+            load_environment_class(task_section.environment) if task_section.environment else None
+        )
         samples = []
         for prompt in task.prompts(n, recipe.seed):
-            trajectory, conversation = expert_rollout(
-                task, prompt, renderer, task_section.max_turns
+            trajectory, conversation, env_reward = expert_rollout(
+                task, prompt, renderer, task_section.max_turns, environment
             )
             turns = sum(m.role == "assistant" for m in conversation)
-            note = f"{turns} assistant turn(s), reward {reward(conversation, prompt):g}"
+            score = reward(conversation, prompt) if env_reward is None else env_reward
+            note = f"{turns} assistant turn(s), reward {score:g}"
             samples.append(Sample(trajectory, note))
         title = (
             f"task: {task_section.name} (RL, template {task_section.template}, "
@@ -134,8 +139,6 @@ def _print_source(console: Console, source: Source, mask: object) -> tuple[int, 
     console.rule(Text(source.title, "bold"))
     for problem in source.problems:
         console.print(Text(f"skipped bad record {problem}", "yellow"), soft_wrap=True)
-    if not source.renderer.sampled_exact:
-        console.print(Text("unknown chat template: is_sampled estimated from role spans", "yellow"))
     legend = Text("mask ")
     legend.append(f"{mask}", "bold")
     legend.append(": ")

@@ -164,6 +164,8 @@ def _overview(recipe: Recipe, plan: HeadPlan, cost: HeadCost | str) -> Table:
     if plan.mtp_depths:
         table.add_row("MTP heads", ", ".join(f"t+{k}" for k in plan.mtp_depths))
     table.add_row("vocab passes", "1 statistics pass; backward rebuilds tiles from them")
+    for name, value in _policy_rows(recipe, plan):
+        table.add_row(name, value)
     table.add_row("tensor parallel", str(plan.tp_size))
     if isinstance(cost, str):
         table.add_row("head shape", cost)
@@ -186,6 +188,35 @@ def _overview(recipe: Recipe, plan: HeadPlan, cost: HeadCost | str) -> Table:
         f"fused {_mib(cost.fused_bytes)}, unfused {_mib(cost.unfused_bytes)} ({ratio:.1f}x)",
     )
     return table
+
+
+def _policy_rows(recipe: Recipe, plan: HeadPlan) -> list[tuple[str, str]]:
+    """What the compiler made of the grpo term's options and the RL loop around them."""
+    rows = []
+    grpo = plan.term("grpo")
+    if grpo is not None:
+        if grpo.policy_loss == "cispo":
+            loss = f"CISPO: -sg(min(r, {1 + grpo.clip_high:g})) A logp"
+        else:
+            loss = f"PPO-clip: r in [{1 - grpo.clip_low:g}, {1 + grpo.clip_high:g}]"
+            if grpo.clip_c is not None:
+                loss += f", dual-clip at {grpo.clip_c:g} A where A < 0"
+        if grpo.ratio == "sequence":
+            loss += "; GSPO sequence ratio (every row's statistics before any gradient)"
+        if grpo.tis_cap is not None:
+            loss += f"; truncated IS min(pi_old / pi_sampler, {grpo.tis_cap:g})"
+        rows.append(("policy loss", loss))
+    if recipe.task is not None:
+        old = "the rollout engine's"
+        if recipe.rollout.recompute_logprobs:
+            old = "recomputed by the trainer before each update (engine's: sampler log-probs)"
+        rows.append(("old log-probs", old))
+        if recipe.task.drop_uniform_groups:
+            rounds = recipe.task.max_sampling_rounds
+            rows.append(("dynamic sampling", f"equal-reward groups dropped, <= {rounds} rounds"))
+    if plan.norm_length is not None:
+        rows.append(("seq-mean-token-sum-norm", f"token sums / {plan.norm_length} (constant)"))
+    return rows
 
 
 def _terms_table(plan: HeadPlan) -> Table:

@@ -3,12 +3,15 @@
     tokenizer.build_tokenizer(template)         char-level tokenizer + chat template
     render.Renderer(tokenizer).render(msgs)     ids + per-token role + is_sampled
     render.renderer_for(template, model_path)   the renderer a recipe section uses
+    templates.model_template.ModelTemplate      labels from a model's own chat template
     mask.token_mask(seq, policy)                sampled | all | roles table
     trajectory.TrajectoryBuilder                RL: prompt + sampled + inserted segments
     trajectory.expert_rollout                   the rollout loop with a scripted expert
     packing.pack(seqs, policy, length)          -> PackedBatch (the one next-token shift)
     sft.load_conversations / sft.sft_batches    a recipe's data: section end to end
     tasks.get_task / tasks.get_reward           built-in RL tasks and rewards
+    environment.EnvStep / Environment           what answers the model between its turns
+    references.load_reference(ref)              `package.module:Name` / `file.py:Name`
 
 Modules are imported one by one (this package imports nothing) so that importing
 `mtprun.data.batch` stays cheap.

@@ -19,6 +19,8 @@ class PackedBatch:
     position_ids: [T] int64, restarting at 0 at each sequence start.
     cu_seqlens:   [S+1] int32 sequence boundaries (0, len0, len0+len1, ...).
     advantages, old_logprobs, ref_logprobs: [T] float32 per target token (RL only) or None.
+    sampler_logprobs: [T] float32, the rollout engine's log-probs when old_logprobs were
+                  recomputed by the trainer (rollout.recompute_logprobs), else None.
     """
 
     input_ids: torch.Tensor
@@ -29,6 +31,7 @@ class PackedBatch:
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

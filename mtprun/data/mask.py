@@ -2,7 +2,7 @@
 
 - "sampled" (default): every token the model sampled (what it emits at inference, its stop
   token included).
-- "all": every token, whatever the template (also on the role-span fallback).
+- "all": every token, whatever the template.
 - a roles table such as {"assistant": True, "tool": False}: sampled tokens whose author role
   is set to true; roles left out count as false.
 

@@ -1,16 +1,15 @@
 """Conversation -> token ids with, per token, the role that authored it and whether the model
 sampled it.
 
-For the template families in `mtprun.data.templates` the labels are exact: the format knows
-which pieces the model emits (its content, tool-call markup, and its stop token, also where
-the template files that token under the next message). For any other chat template the
-renderer falls back to role spans: a token belongs to the message whose text contains it and
-counts as sampled when that message is the assistant's. It says so once per template.
+For the template families in `mtprun.data.templates` the format knows which pieces the model
+emits (its content, tool-call markup, and its stop token, also where the template files that
+token under the next message). Any other chat template (a model folder's own) is attributed
+token by token by rendering the conversation incrementally with it
+(`mtprun.data.templates.model_template`): the same labels, derived from the template itself.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -20,12 +19,10 @@ from transformers import PreTrainedTokenizerBase
 
 from mtprun.data.messages import ROLES, Message, Role
 from mtprun.data.templates import ChatFormat, chat_format_of_template
+from mtprun.data.templates.model_template import ModelTemplate
 from mtprun.data.tokenizer import build_tokenizer
 
-logger = logging.getLogger(__name__)
-
 ROLE_IDS: dict[Role, int] = {role: i for i, role in enumerate(ROLES)}
-_warned_templates: set[int] = set()
 
 
 @dataclass(frozen=True)
@@ -36,9 +33,6 @@ class RenderedSequence:
     roles:      [N] int8 index into ROLES: the author of the token (a stop token the model
                 sampled is the assistant's, whichever message the template files it under).
     is_sampled: [N] bool, True where the model emits the token at inference.
-    sampled_exact: False when is_sampled was estimated from assistant role spans because the
-                chat template is not one mtprun knows (then stop tokens filed under the next
-                message are missed).
     logprobs:   [N] float32 logprob the rollout engine sampled each token with (0 where not
                 sampled), or None outside RL.
     """
@@ -46,7 +40,6 @@ class RenderedSequence:
     token_ids: torch.Tensor
     roles: torch.Tensor
     is_sampled: torch.Tensor
-    sampled_exact: bool = True
     logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
@@ -78,26 +71,23 @@ class Renderer:
         self, tokenizer: PreTrainedTokenizerBase, chat_format: ChatFormat | None = None
     ) -> None:
         """`chat_format` None: the format whose Jinja template the tokenizer carries (as
-        `build_tokenizer` sets it), else the role-span fallback. Given: render with that
-        format (e.g. chatml with a real Qwen tokenizer, whose own template differs in details);
-        the tokenizer must hold each of its special tokens as one token."""
+        `build_tokenizer` sets it), else the tokenizer's own template, attributed by
+        incremental rendering. Given: render with that format (e.g. chatml with a real Qwen
+        tokenizer, whose own template differs in details); the tokenizer must hold each of its
+        special tokens as one token."""
         self.tokenizer = tokenizer
         if chat_format is not None:
             _check_special_tokens(tokenizer, chat_format)
         else:
             chat_format = chat_format_of_template(tokenizer.chat_template)
         self.chat_format = chat_format
-
-    @property
-    def sampled_exact(self) -> bool:
-        """False on the role-span fallback (a chat template mtprun does not know)."""
-        return self.chat_format is not None
+        self.model_template = None if chat_format is not None else ModelTemplate(tokenizer)
 
     @property
     def stop_token_ids(self) -> list[int]:
         """Token ids at which a model turn ends (the engine's stop tokens)."""
-        if self.chat_format is None:
-            return [self.tokenizer.eos_token_id]
+        if self.model_template is not None:
+            return self.model_template.stop_token_ids
         return self.tokenizer.convert_tokens_to_ids(list(self.chat_format.stop_tokens))
 
     def render(
@@ -109,8 +99,13 @@ class Renderer:
         """
         if not messages:
             raise ValueError("render: no messages (an empty conversation has nothing to train)")
-        if self.chat_format is None:
-            return self._render_role_spans(messages, add_generation_prompt)
+        if self.model_template is not None:
+            labels = self.model_template.label(messages, add_generation_prompt)
+            return RenderedSequence(
+                token_ids=torch.tensor(labels.token_ids, dtype=torch.int64),
+                roles=torch.tensor([ROLE_IDS[r] for r in labels.roles], dtype=torch.int8),
+                is_sampled=torch.tensor(labels.sampled, dtype=torch.bool),
+            )
         pieces = list(self.chat_format.pieces(messages, add_generation_prompt))
         encoded = self.tokenizer([p.text for p in pieces], add_special_tokens=False)["input_ids"]
         lengths = torch.tensor([len(ids) for ids in encoded])
@@ -144,60 +139,11 @@ class Renderer:
         return full[last_sampled + 1 :]
 
     def parse_assistant(self, text: str) -> Message:
-        """The assistant message (content and tool calls) behind a generated turn's text."""
-        if self.chat_format is None:
-            raise ValueError(
-                "parse_assistant needs one of mtprun's chat templates "
-                "(data.template: char, chatml or glm); this tokenizer has another one"
-            )
+        """The assistant message (content and tool calls) behind a generated turn's text;
+        tool calls are read in the template's own syntax."""
+        if self.model_template is not None:
+            return self.model_template.parse_assistant(text)
         return self.chat_format.parse_assistant(text)
-
-    def _render_role_spans(
-        self, messages: Sequence[Message], add_generation_prompt: bool
-    ) -> RenderedSequence:
-        self._warn_fallback_once()
-        dicts = [m.to_dict() for m in messages]
-        # Character offset where each message's text ends: the rendering of each prefix.
-        ends = []
-        text = ""
-        for i in range(1, len(dicts) + 1):
-            prefix = self.tokenizer.apply_chat_template(dicts[:i], tokenize=False)
-            if not prefix.startswith(text):
-                raise ValueError(
-                    f"chat template is not prefix-stable: rendering {i} messages does not "
-                    f"extend the rendering of {i - 1}, so tokens cannot be attributed to roles"
-                )
-            ends.append(len(prefix))
-            text = prefix
-        text = self.tokenizer.apply_chat_template(
-            dicts, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
-        encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        starts = torch.tensor([start for start, _ in encoding["offset_mapping"]])
-        message_index = torch.bucketize(starts, torch.tensor(ends), right=True)
-        # Tokens past the last message are the generation prompt: the assistant's opening.
-        span_roles = [ROLE_IDS[m.role] for m in messages] + [ROLE_IDS["assistant"]]
-        roles = torch.tensor(span_roles, dtype=torch.int8)[message_index]
-        is_sampled = (roles == ROLE_IDS["assistant"]) & (message_index < len(messages))
-        return RenderedSequence(
-            token_ids=torch.tensor(encoding["input_ids"], dtype=torch.int64),
-            roles=roles,
-            is_sampled=is_sampled,
-            sampled_exact=False,
-        )
-
-    def _warn_fallback_once(self) -> None:
-        key = hash(self.tokenizer.chat_template)
-        if key in _warned_templates:
-            return
-        _warned_templates.add(key)
-        logger.warning(
-            "the chat template of %s is not one mtprun knows (char, chatml, glm): is_sampled "
-            "falls back to assistant role spans, so a stop token the template files under the "
-            "next message is not trained by mask 'sampled' or a roles table; mask 'all' still "
-            "trains every token",
-            self.tokenizer.name_or_path or "this tokenizer",
-        )
 
 
 def _check_special_tokens(tokenizer: PreTrainedTokenizerBase, chat_format: ChatFormat) -> None:
@@ -216,9 +162,8 @@ def _check_special_tokens(tokenizer: PreTrainedTokenizerBase, chat_format: ChatF
 
 def renderer_for(template: str, model_path: str | None = None) -> Renderer:
     """The renderer of a recipe section: for a tiny model, the char-level tokenizer of
-    `template`; for an HF model folder, the folder's own tokenizer and chat template (exact
-    when it is one of mtprun's, as in folders mtprun saved; else the role-span fallback),
-    as the runner renders it."""
+    `template`; for an HF model folder, the folder's own tokenizer and chat template, as the
+    runner renders it."""
     if model_path is None:
         return Renderer(build_tokenizer(template))
     # Imported here: the auto classes pull in most of transformers (seconds).

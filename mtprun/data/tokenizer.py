@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -22,7 +24,17 @@ def build_tokenizer(template: str) -> PreTrainedTokenizerFast:
     unk. `save_pretrained` writes a folder that vLLM and `AutoTokenizer` load offline.
     """
     chat_format = get_chat_format(template)
-    specials = [PAD_TOKEN, UNK_TOKEN, *chat_format.special_tokens]
+    return build_char_tokenizer(
+        chat_format.special_tokens, chat_format.eos_token, chat_format.jinja
+    )
+
+
+def build_char_tokenizer(
+    special_tokens: Sequence[str], eos_token: str, chat_template: str
+) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer with `special_tokens` (each one token, `eos_token` among
+    them) and any Jinja `chat_template`, laid out as `build_tokenizer` describes."""
+    specials = [PAD_TOKEN, UNK_TOKEN, *special_tokens]
     vocab = {token: i for i, token in enumerate([*specials, *CHARACTERS])}
 
     backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
@@ -34,10 +46,10 @@ def build_tokenizer(template: str) -> PreTrainedTokenizerFast:
 
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        eos_token=chat_format.eos_token,
+        eos_token=eos_token,
         pad_token=PAD_TOKEN,
         unk_token=UNK_TOKEN,
-        chat_template=chat_format.jinja,
+        chat_template=chat_template,
         model_max_length=1 << 20,
         clean_up_tokenization_spaces=False,
     )

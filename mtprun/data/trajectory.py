@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mtprun.data.environment import inserted_messages, make_environment, reset_all, step_all
 from mtprun.data.messages import Conversation
 from mtprun.data.render import ROLE_IDS, RenderedSequence, Renderer
 from mtprun.data.tasks.base import Prompt, Task
@@ -65,7 +66,6 @@ class TrajectoryBuilder:
             token_ids=torch.cat([p.token_ids for p in parts]),
             roles=torch.cat([p.roles for p in parts]),
             is_sampled=torch.cat([p.is_sampled for p in parts]),
-            sampled_exact=all(p.sampled_exact for p in parts),
             logprobs=torch.cat([p.logprobs for p in parts]),
         )
 
@@ -76,35 +76,43 @@ def _with_zero_logprobs(segment: RenderedSequence) -> RenderedSequence:
         token_ids=segment.token_ids,
         roles=segment.roles,
         is_sampled=torch.zeros_like(segment.is_sampled),
-        sampled_exact=segment.sampled_exact,
         logprobs=torch.zeros(len(segment), dtype=torch.float32),
     )
 
 
 def expert_rollout(
-    task: Task, prompt: Prompt, renderer: Renderer, max_turns: int
-) -> tuple[RenderedSequence, Conversation]:
+    task: Task,
+    prompt: Prompt,
+    renderer: Renderer,
+    max_turns: int,
+    environment: type | None = None,
+) -> tuple[RenderedSequence, Conversation, float | None]:
     """The runner's rollout loop with the task's scripted expert in place of the engine.
 
     Each expert turn contributes the tokens a model would emit for it (content, tool-call
-    markup, stop token), with logprob 0 (the expert is deterministic); tool answers are
-    inserted with `Renderer.continuation`. Shows what RL trains on before any model exists.
+    markup, stop token), with logprob 0 (the expert is deterministic); the environment's
+    messages (`environment`, default the task's own) are inserted with
+    `Renderer.continuation`. Shows what RL trains on before any model exists. Returns the
+    trajectory, the conversation and the environment's reward (None: it gave none).
     """
-    builder = TrajectoryBuilder(renderer.render(prompt.messages, add_generation_prompt=True))
-    conversation = prompt.messages
+    env = make_environment(environment or task.environment)
+    (conversation,) = reset_all([env], [prompt])
+    builder = TrajectoryBuilder(renderer.render(conversation, add_generation_prompt=True))
+    reward = None
     for turn in range(1, max_turns + 1):
         conversation = (*conversation, task.expert_reply(conversation, prompt))
-        tool_message = task.tool_response(conversation)
+        (result,) = step_all([env], [conversation])
+        reward = reward if result.reward is None else float(result.reward)
+        inserted = () if result.done else inserted_messages(result)
         # The turn's stop token may be the next message's opening tag (GLM), so render with
         # what follows; everything from where the trajectory stands to the last sampled
         # token is what the model emits.
-        following = conversation if tool_message is None else (*conversation, tool_message)
-        rendered = renderer.render(following)
+        rendered = renderer.render((*conversation, *inserted))
         end = int(rendered.is_sampled.nonzero().max()) + 1
         emitted = rendered.token_ids[builder.num_tokens : end].tolist()
         builder.add_sampled(emitted, [0.0] * len(emitted))
-        if tool_message is None or turn == max_turns:
-            break  # as in the runner: no tool answer is inserted when no turn is left
-        builder.add_inserted(renderer.continuation(conversation, [tool_message]))
-        conversation = (*conversation, tool_message)
-    return builder.build(), conversation
+        if result.done or turn == max_turns:
+            break  # as in the runner: nothing is inserted when no turn is left
+        builder.add_inserted(renderer.continuation(conversation, inserted))
+        conversation = (*conversation, *inserted)
+    return builder.build(), conversation, reward

@@ -7,13 +7,13 @@ chunk, the results adding up.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from mtprun import losses
 from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
-from mtprun.losses import GradCoeffs, RowInputs, RowStats
+from mtprun.losses import GradCoeffs, RowInputs, RowStats, grpo, sampler
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,15 @@ class GroupWeights:
     token_mean: torch.Tensor
 
     @classmethod
-    def of(cls, group: RowGroup, cu_seqlens: torch.Tensor) -> GroupWeights:
+    def of(cls, group: RowGroup, inputs: HeadInputs) -> GroupWeights:
+        def weights(loss_agg: str) -> torch.Tensor:
+            return aggregation_weights(
+                loss_agg, group, inputs.cu_seqlens, inputs.norm_length, inputs.tokens_per_sequence
+            )
+
         return cls(
-            terms=tuple(aggregation_weights(t.loss_agg, group, cu_seqlens) for t in group.terms),
-            token_mean=aggregation_weights("token-mean", group, cu_seqlens),
+            terms=tuple(weights(t.loss_agg) for t in group.terms),
+            token_mean=weights("token-mean"),
         )
 
     def select(self, rows: slice) -> GroupWeights:
@@ -56,7 +61,33 @@ def row_inputs(group: RowGroup, inputs: HeadInputs) -> RowInputs:
         advantages=pick(inputs.advantages),
         old_logprobs=pick(inputs.old_logprobs),
         ref_logprobs=pick(inputs.ref_logprobs),
+        sampler_logprobs=pick(inputs.sampler_logprobs),
     )
+
+
+def needs_sequence_ratio(group: RowGroup) -> bool:
+    """Whether a term of the group takes GSPO's per-sequence ratio: its coefficients then
+    need the log-probs of every row of the group first."""
+    return any(t.kind == "grpo" and t.ratio == "sequence" for t in group.terms)
+
+
+def with_sequence_ratio(
+    group: RowGroup, logprob: torch.Tensor, inputs: RowInputs, num_sequences: int
+) -> RowInputs:
+    """`inputs` with GSPO's seq_log_ratio filled from `logprob` [R], every row of the group."""
+    old = logprob if inputs.old_logprobs is None else inputs.old_logprobs
+    ratio = grpo.sequence_log_ratio(logprob - old, group.seq_ids, group.valid, num_sequences)
+    return replace(inputs, seq_log_ratio=ratio)
+
+
+def sampler_metrics(
+    group: RowGroup, old: torch.Tensor, sampler_logprobs: torch.Tensor, token_mean: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Token means of the sampler/trainer mismatch metrics (losses.sampler) over the rows."""
+    term = next((t for t in group.terms if t.kind == "grpo"), None)
+    tis_cap = None if term is None else term.tis_cap
+    per_row = sampler.row_metrics(old, sampler_logprobs, tis_cap)
+    return {name: (token_mean * value).sum() for name, value in per_row.items()}
 
 
 def combine(
@@ -82,6 +113,11 @@ def combine(
             metrics[term.kind] = value
     if not group.head:  # the metric is H itself, also when an entropy bonus term is present
         metrics["entropy"] = (weights.token_mean * stats.entropy).sum()
+    if inputs.sampler_logprobs is not None:
+        mismatch = sampler_metrics(
+            group, inputs.old_logprobs, inputs.sampler_logprobs, weights.token_mean
+        )
+        metrics.update(mismatch)
     return GroupResult(loss=loss, metrics=metrics, grad=grad)
 
 

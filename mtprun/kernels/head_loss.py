@@ -28,6 +28,8 @@ def head_loss(
     tp_group: dist.ProcessGroup | None = None,
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    tokens_per_sequence: float | None = None,
     chunking: Chunking | None = None,
 ) -> HeadLossOutput:
     """Every loss term of `plan` from one statistics pass over the vocab, without a [N, V]
@@ -39,7 +41,8 @@ def head_loss(
     targets:       [N] int global token ids, already shifted.
     loss_mask:     [N] bool; rows outside it are dropped before any vocab work.
     advantages, old_logprobs, ref_logprobs: [N] per token (grpo; old_logprobs None means
-                   on-policy, ratio 1).
+                   on-policy, ratio 1). The grpo term's variants (GSPO's sequence ratio,
+                   CISPO, dual-clip, tis_cap) and their formulas: mtprun.losses.grpo.
     mtp_hidden:    D tensors [N, H]; head k at row t predicts targets[t + k], taught by the
                    policy's detached distribution at row t + k (same `weight`), valid where
                    t and t + k share a sequence of cu_seqlens and both are under the mask.
@@ -48,13 +51,21 @@ def head_loss(
                    collectives and who all-reduces grad_hidden).
     teacher_hidden, teacher_weight: [N, Ht] and [V, Ht] (its vocab shard under TP) of the
                    teacher for a `distill` term; never receive gradients.
+    sampler_logprobs: [N] the rollout engine's log-probs of the targets when old_logprobs
+                   were recomputed by the trainer (plans with sampler_logprobs or a grpo
+                   tis_cap): the truncated IS weight min(exp(old - sampler), tis_cap) and the
+                   metrics logprob_mismatch, is_weight_mean, is_clip_frac (mtprun.losses.sampler).
+    tokens_per_sequence: the trained tokens per trained sequence of the whole optimizer step,
+                   when the caller weighs each call's loss by its share of the step's trained
+                   tokens (the trainer does): the seq-mean-* aggregations then average over the
+                   step's sequences, not this call's (inputs.aggregation_weights).
     chunking:      row-chunk / vocab-tile sizes or memory budget of the torch engine.
 
     Returns loss (0-d float32, differentiable w.r.t. hidden, weight and mtp_hidden), metrics
     (0-d float32 per name of plan.metrics) and logprobs ([N] float32, 0 where masked).
     CUDA tensors run the Triton kernels (same signature, `chunking` ignored).
     """
-    per_token = {
+    arguments = {
         "targets": targets,
         "loss_mask": loss_mask,
         "advantages": advantages,
@@ -64,14 +75,16 @@ def head_loss(
         "cu_seqlens": cu_seqlens,
         "teacher_hidden": teacher_hidden,
         "teacher_weight": teacher_weight,
+        "sampler_logprobs": sampler_logprobs,
+        "tokens_per_sequence": tokens_per_sequence,
     }
     if isinstance(hidden, torch.Tensor) and hidden.is_cuda:
         # Imported here so that CPU-only installs never import triton.
         from mtprun.kernels.triton import head_loss_triton
 
-        return head_loss_triton(hidden, weight, plan, **per_token, tp_group=tp_group)
+        return head_loss_triton(hidden, weight, plan, **arguments, tp_group=tp_group)
     tp_rank, tp_size = (0, 1) if tp_group is None else (tp_group.rank(), tp_group.size())
-    inputs = validate(plan, hidden, weight, **per_token, tp_rank=tp_rank, tp_size=tp_size)
+    inputs = validate(plan, hidden, weight, **arguments, tp_rank=tp_rank, tp_size=tp_size)
     if tp_size == 1:
         tp_group = None  # a group of one exchanges nothing; keep the one-pass schedule
     groups = row_groups(plan, inputs)

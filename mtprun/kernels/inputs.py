@@ -24,6 +24,9 @@ class HeadInputs:
 
     vocab_start / vocab_size: this rank's first global token id and the global vocabulary
     size (vocab_start = 0 and vocab_size = weight.shape[0] without tensor parallelism).
+    norm_length: the plan's constant of `seq-mean-token-sum-norm` (None: longest sequence).
+    tokens_per_sequence: the step's trained tokens per trained sequence, when the caller weighs
+    this call by its share of the step's trained tokens (see aggregation_weights).
     """
 
     hidden: torch.Tensor
@@ -34,11 +37,14 @@ class HeadInputs:
     advantages: torch.Tensor | None
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
+    sampler_logprobs: torch.Tensor | None
     mtp_hidden: tuple[torch.Tensor, ...]
     teacher_hidden: torch.Tensor | None
     teacher_weight: torch.Tensor | None
     vocab_start: int
     vocab_size: int
+    norm_length: int | None = None
+    tokens_per_sequence: float | None = None
 
     @property
     def num_rows(self) -> int:
@@ -92,10 +98,12 @@ def validate(
     advantages: torch.Tensor | None = None,
     old_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
     mtp_hidden: Sequence[torch.Tensor] | None = None,
     cu_seqlens: torch.Tensor | None = None,
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
+    tokens_per_sequence: float | None = None,
     tp_rank: int = 0,
     tp_size: int = 1,
 ) -> HeadInputs:
@@ -136,10 +144,17 @@ def validate(
             f"the 'grpo' term has kl_coef={grpo.kl_coef}: pass ref_logprobs=[N] "
             "(reference-policy log-probs of the targets) or set kl_coef to 0"
         )
+    _check_sampler_inputs(plan, old_logprobs, sampler_logprobs)
+    if tokens_per_sequence is not None and not tokens_per_sequence > 0:
+        raise ValueError(
+            f"tokens_per_sequence must be > 0 (the step's trained tokens per trained sequence), "
+            f"got {tokens_per_sequence}"
+        )
     for name, value in (
         ("advantages", advantages),
         ("old_logprobs", old_logprobs),
         ("ref_logprobs", ref_logprobs),
+        ("sampler_logprobs", sampler_logprobs),
     ):
         if value is not None:
             _check_vector(name, value, n, hidden)
@@ -165,12 +180,33 @@ def validate(
         advantages=advantages,
         old_logprobs=old_logprobs,
         ref_logprobs=ref_logprobs,
+        sampler_logprobs=sampler_logprobs,
         mtp_hidden=mtp,
         teacher_hidden=teacher_hidden,
         teacher_weight=teacher_weight,
         vocab_start=vocab_start,
         vocab_size=vocab_size,
+        norm_length=plan.norm_length,
+        tokens_per_sequence=tokens_per_sequence,
     )
+
+
+def _check_sampler_inputs(
+    plan: HeadPlan, old_logprobs: torch.Tensor | None, sampler_logprobs: torch.Tensor | None
+) -> None:
+    grpo = plan.term("grpo")
+    tis = grpo is not None and grpo.tis_cap is not None
+    if plan.sampler_logprobs and (sampler_logprobs is None or old_logprobs is None):
+        why = f"tis_cap={grpo.tis_cap}" if tis else "sampler_logprobs=True"
+        raise ValueError(
+            f"the plan has {why}: pass old_logprobs=[N] (recomputed by the trainer) and "
+            "sampler_logprobs=[N] (the rollout engine's log-probs of the targets)"
+        )
+    if sampler_logprobs is not None and not plan.sampler_logprobs:
+        raise ValueError(
+            "sampler_logprobs was given but the plan does not take them: compile it with "
+            "sampler_logprobs=True (or a grpo term with tis_cap)"
+        )
 
 
 def row_groups(plan: HeadPlan, inputs: HeadInputs) -> list[RowGroup]:
@@ -327,14 +363,23 @@ def mtp_valid(loss_mask: torch.Tensor, seq_ids: torch.Tensor, depth: int) -> tor
 
 
 def aggregation_weights(
-    loss_agg: LossAgg, group: RowGroup, cu_seqlens: torch.Tensor
+    loss_agg: LossAgg,
+    group: RowGroup,
+    cu_seqlens: torch.Tensor,
+    norm_length: int | None = None,
+    tokens_per_sequence: float | None = None,
 ) -> torch.Tensor:
     """[R] float32 weights w with sum(w * per_token_value) = the term's aggregated value.
 
     token-mean:              mean over the group's valid tokens.
     seq-mean-token-mean:     mean over sequences (those with a valid token) of their token mean.
     seq-mean-token-sum-norm: sum over those sequences of their token sum, divided by
-                             (number of such sequences x the longest sequence's length).
+                             (number of such sequences x L), L = norm_length (Dr. GRPO's
+                             constant), or the longest sequence's length when None.
+    With tokens_per_sequence (T / S of the whole step, whose calls the caller weighs by their
+    share of its T trained tokens) the number of sequences is counted at the step's rate,
+    valid tokens / tokens_per_sequence: the weighted calls then add up to the mean over the
+    step's S sequences, whatever micro batch each sequence fell into.
     An empty group gets no weight (its terms contribute 0, never NaN).
     """
     valid = group.valid.float()
@@ -342,9 +387,14 @@ def aggregation_weights(
         return valid / valid.sum().clamp(min=1)
     num_seqs = cu_seqlens.shape[0] - 1
     per_seq = torch.zeros(num_seqs, device=valid.device).index_add_(0, group.seq_ids, valid)
-    seqs_used = (per_seq > 0).sum().clamp(min=1)
+    if tokens_per_sequence is None:
+        seqs_used = (per_seq > 0).sum().clamp(min=1)
+    else:
+        seqs_used = valid.sum().clamp(min=1) / tokens_per_sequence
     if loss_agg == "seq-mean-token-mean":
         return valid / (per_seq[group.seq_ids].clamp(min=1) * seqs_used)
+    if norm_length is not None:
+        return valid / (seqs_used * norm_length)
     longest = (cu_seqlens[1:] - cu_seqlens[:-1]).max().clamp(min=1)
     return valid / (seqs_used * longest)
 

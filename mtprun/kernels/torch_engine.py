@@ -7,8 +7,10 @@ Two schedules, picked per row group from the memory budget (`Chunking`):
   gradients w.r.t. the hidden rows and the weight are accumulated right away (3 GEMMs in all,
   like plain torch, no recompute). Backward only scales them by grad_output.
 - two passes (smaller tiles, or tensor parallelism where the statistics need the other
-  ranks' shards first): a statistics pass over all tiles in forward, then in backward a
-  gradient pass that recomputes each logits tile (4 GEMMs in all).
+  ranks' shards first, or a sequence-level ratio (GSPO) whose coefficients need the log-probs
+  of every row of a sequence, when the group's rows span several chunks): a statistics pass
+  over all tiles in forward, then in backward a gradient pass that recomputes each logits
+  tile (4 GEMMs in all).
 
 Either way extra memory is O(rows_per_chunk x tile) plus the float32 gradient accumulators.
 """
@@ -22,7 +24,14 @@ import torch.distributed as dist
 
 from mtprun.compiler import HeadPlan
 from mtprun.kernels import tensor_parallel
-from mtprun.kernels.combine import GroupWeights, add_metrics, combine, row_inputs
+from mtprun.kernels.combine import (
+    GroupWeights,
+    add_metrics,
+    combine,
+    needs_sequence_ratio,
+    row_inputs,
+    with_sequence_ratio,
+)
 from mtprun.kernels.inputs import HeadInputs, RowGroup
 from mtprun.kernels.online_stats import PartialStats, StatsSpec, finalize, merge, tile_stats
 from mtprun.losses import GradCoeffs, RowInputs, RowStats
@@ -124,15 +133,17 @@ class TorchHeadEngine:
             spec = StatsSpec.of(group)
             buffers = _STUDENT_BUFFERS + (_TEACHER_BUFFERS if spec.teacher_dense else 0)
             rows, tile = chunking.layout(local_vocab, buffers)
+            # A sequence-level ratio needs every row's log-prob before any coefficient.
+            in_one_chunk = not needs_sequence_ratio(group) or rows >= group.num_rows
             self.runs.append(
                 _GroupRun(
                     group=group,
                     spec=spec,
-                    weights=GroupWeights.of(group, inputs.cu_seqlens),
+                    weights=GroupWeights.of(group, inputs),
                     inputs=row_inputs(group, inputs),
                     rows_per_chunk=rows,
                     tile=tile,
-                    one_pass=tile == local_vocab and tp_group is None,
+                    one_pass=tile == local_vocab and tp_group is None and in_one_chunk,
                 )
             )
         self.grads: Gradients | None = None
@@ -163,6 +174,7 @@ class TorchHeadEngine:
             )
             for (run, _), partial in zip(pending, exchanged, strict=True):
                 run.stats = finalize(partial)
+                run.inputs = self._with_sequence_ratio(run, run.stats, run.inputs)
                 result = combine(run.group, run.stats, run.inputs, run.weights)
                 run.grad = result.grad
                 loss = loss + result.loss
@@ -198,7 +210,8 @@ class TorchHeadEngine:
             local_vocab = self.inputs.weight.shape[0]
             partial, buffers = self._tile(run, rows, student, teacher, 0, local_vocab)
             stats = finalize(partial)
-            result = combine(group, stats, run.inputs.select(rows), run.weights.select(rows))
+            inputs = self._with_sequence_ratio(run, stats, run.inputs.select(rows))
+            result = combine(group, stats, inputs, run.weights.select(rows))
             loss = loss + result.loss
             add_metrics(metrics, result.metrics)
             chunks.append(stats)
@@ -211,6 +224,13 @@ class TorchHeadEngine:
             self._store_hidden_grad(run, rows, grad_rows)
         run.stats = _cat_stats(chunks) if chunks else None
         return loss, metrics
+
+    def _with_sequence_ratio(self, run: _GroupRun, stats: RowStats, inputs: RowInputs) -> RowInputs:
+        """GSPO's per-sequence ratio, once `stats` hold every row of the group."""
+        if not needs_sequence_ratio(run.group):
+            return inputs
+        num_sequences = self.inputs.cu_seqlens.shape[0] - 1
+        return with_sequence_ratio(run.group, stats.logprob, inputs, num_sequences)
 
     def _stats_pass(self, run: _GroupRun) -> PartialStats:
         """Statistics of every row of the group over this rank's vocab (all tiles)."""

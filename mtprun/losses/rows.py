@@ -57,11 +57,18 @@ class RowStats:
 
 @dataclass
 class RowInputs:
-    """Per-token inputs of the rows, float32 [R] or None."""
+    """Per-token inputs of the rows, float32 [R] or None.
+
+    sampler_logprobs: the rollout engine's log-probs when old_logprobs are the trainer's.
+    seq_log_ratio:    GSPO's mean of logp - old over the trained tokens of each row's
+                      sequence, filled in by the engine once every row's logp is known.
+    """
 
     advantages: torch.Tensor | None = None
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    sampler_logprobs: torch.Tensor | None = None
+    seq_log_ratio: torch.Tensor | None = None
 
     def select(self, rows: slice) -> RowInputs:
         return RowInputs(**{f.name: _take(getattr(self, f.name), rows) for f in fields(self)})

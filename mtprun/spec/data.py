@@ -47,8 +47,28 @@ class TaskSection(Section):
     max_turns: int = Field(
         1,
         ge=1,
-        description="Assistant turns per rollout; above 1 the task's tools answer "
+        description="Assistant turns per rollout; above 1 the environment answers "
         "between turns (multi-turn tool use).",
+    )
+    environment: str | None = Field(
+        None,
+        description="The environment of multi-turn episodes: a class named `package.module:Class` "
+        "or `path/to/file.py:Class` (relative to the recipe file that sets it), with "
+        "reset(prompt) -> messages and step(messages) -> EnvStep (mtprun.data.environment). "
+        "null: the task's own (calculator_tool runs its calculator; other tasks end after one "
+        "turn).",
+    )
+    drop_uniform_groups: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups whose rewards are all equal (their "
+        "advantages are 0) and sample more prompts until prompts_per_step groups remain, in "
+        "at most max_sampling_rounds rounds.",
+    )
+    max_sampling_rounds: int = Field(
+        4,
+        ge=1,
+        description="With drop_uniform_groups, the most rounds of sampling per step; a step "
+        "still short of groups trains on those it kept (or, when none, on its first round).",
     )
 
 

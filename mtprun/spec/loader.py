@@ -135,24 +135,44 @@ _FILE_FIELDS: tuple[tuple[KeyPath, bool], ...] = (
 )
 
 
+# Python references (`path/to/file.py:Name` or `package.module:Name`): a file part is resolved
+# against the file that sets it, a module name is left as it is.
+_REFERENCE_FIELDS: tuple[KeyPath, ...] = (("task", "environment"),)
+
+
 def _resolve_relative_paths(doc: Document) -> None:
+    _resolve_file_paths(doc)
+    for path in _REFERENCE_FIELDS:
+        value = doc.get(path)
+        if not isinstance(value, str) or ".py:" not in value:
+            continue
+        file, _, name = value.rpartition(":")
+        resolved = _relative_to_recipe(doc, path, file)
+        if resolved is not None:
+            doc.get(path[:-1])[path[-1]] = f"{resolved}:{name}"
+
+
+def _relative_to_recipe(doc: Document, path: KeyPath, value: str) -> str | None:
+    """`value` made absolute against the recipe file that set `path`; None when it already is,
+    or when it came from the command line (relative to the working directory already)."""
+    file = doc.position(path).file
+    if os.path.isabs(value) or file.startswith("<override"):
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(file)), value))
+
+
+def _resolve_file_paths(doc: Document) -> None:
     paths = list(_FILE_FIELDS)
     losses = doc.get(("losses",))
     if isinstance(losses, list):
         paths += [(("losses", i, "teacher"), False) for i in range(len(losses))]
     for path, jsonl_only in paths:
         value = doc.get(path)
-        if not isinstance(value, str) or os.path.isabs(value):
+        if not isinstance(value, str) or (jsonl_only and not value.endswith(".jsonl")):
             continue
-        if jsonl_only and not value.endswith(".jsonl"):
-            continue
-        file = doc.position(path).file
-        if file.startswith("<override"):
-            continue  # command-line paths are relative to the working directory already
-        parent = doc.get(path[:-1])
-        parent[path[-1]] = os.path.normpath(
-            os.path.join(os.path.dirname(os.path.abspath(file)), value)
-        )
+        resolved = _relative_to_recipe(doc, path, value)
+        if resolved is not None:
+            doc.get(path[:-1])[path[-1]] = resolved
 
 
 def _file_order(doc: Document) -> Callable[[str], tuple[int, str]]:

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
+PolicyLoss = Literal["clip", "cispo"]
+RatioLevel = Literal["token", "sequence"]
 
 
 class _Term(BaseModel):
@@ -36,16 +38,64 @@ class ZLossTerm(_Term):
 
 
 class GRPOTerm(_Term):
-    """PPO-clip policy gradient on group-normalised advantages, plus a KL to a reference."""
+    """Policy gradient on group-normalised advantages (PPO-clip, GSPO, CISPO, dual-clip, with a
+    truncated importance-sampling correction), plus a KL to a reference.
+
+    Formulas: mtprun/losses/grpo.py and the README (Library: policy-loss variants).
+    """
 
     kind: Literal["grpo"] = Field("grpo", description="Term kind.")
     clip_low: float = Field(0.2, ge=0, lt=1, description="Ratio lower bound is 1 - clip_low.")
-    clip_high: float = Field(0.28, gt=0, description="Ratio upper bound is 1 + clip_high.")
+    clip_high: float = Field(
+        0.28,
+        gt=0,
+        description="Ratio upper bound is 1 + clip_high (cispo: the cap of its IS weight).",
+    )
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the reference policy.")
     kl_estimator: KLEstimator = Field(
         "k3",
         description="KL estimator (Schulman): k1 log-ratio, k2 squared, k3 unbiased low-variance.",
     )
+    policy_loss: PolicyLoss = Field(
+        "clip",
+        description="clip: PPO's -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A); cispo "
+        "(MiniMax-M1): -sg(min(r, 1 + clip_high)) A logp, a clipped stop-gradient IS weight, "
+        "so every token keeps its gradient.",
+    )
+    ratio: RatioLevel = Field(
+        "token",
+        description="token: r = exp(logp - old_logp) per token; sequence (GSPO): one r per "
+        "sequence, exp of the mean of logp - old_logp over its trained tokens, clipped per "
+        "sequence, its gradient reaching every token (GSPO uses clip ranges near 4e-4).",
+    )
+    clip_c: float | None = Field(
+        None,
+        gt=1,
+        description="Dual-clip PPO: where A < 0 the surrogate is max(min(r A, clip(r) A), "
+        "clip_c A), bounding what one token with a huge ratio can cost; null turns it off.",
+    )
+    tis_cap: float | None = Field(
+        None,
+        ge=1,
+        description="Truncated importance sampling: the policy-gradient part of each token is "
+        "weighted by min(pi_old / pi_sampler, tis_cap), pi_old the trainer's recomputed "
+        "old policy, pi_sampler the rollout engine's (needs rollout.recompute_logprobs; "
+        "at least 1, typically 2); null turns it off.",
+    )
+
+    @model_validator(mode="after")
+    def _options_fit_the_policy_loss(self) -> GRPOTerm:
+        if self.policy_loss == "cispo" and self.clip_c is not None:
+            raise ValueError(
+                "`clip_c` (dual-clip) bounds PPO's clipped surrogate and has no effect with "
+                "policy_loss 'cispo': remove clip_c or use policy_loss: clip"
+            )
+        if self.policy_loss == "cispo" and "clip_low" in self.model_fields_set:
+            raise ValueError(
+                "policy_loss 'cispo' caps its IS weight at 1 + clip_high only: remove "
+                "`clip_low` (it has no lower bound)"
+            )
+        return self
 
 
 class EntropyTerm(BaseModel):

@@ -23,8 +23,3 @@ MaskPolicy = Annotated[
 """`sampled`: every token the model sampled (what it emits at inference, stop tokens included);
 `all`: every token; a roles table such as `{assistant: true, tool: false}`: sampled tokens of
 the roles set to true."""
-
-
-def uses_sampled_flags(policy: MaskName | dict[str, bool]) -> bool:
-    """Whether the policy reads the renderer's per-token is_sampled flags."""
-    return policy != "all"

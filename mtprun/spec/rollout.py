@@ -40,3 +40,9 @@ class RolloutSection(Section):
         "broadcasts them from trainer rank 0 over a process group (gloo on CPU, NCCL on GPUs); "
         "`object_store` passes them through Ray's object store.",
     )
+    recompute_logprobs: bool = Field(
+        False,
+        description="Before each update the trainer recomputes the old log-probs of the "
+        "sampled tokens with its own forward pass; the engine's become the sampler log-probs "
+        "(train/logprob_mismatch, and a grpo term's tis_cap correction).",
+    )

@@ -7,7 +7,6 @@ runs only when those validated, so one broken section does not hide the other se
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -15,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity, did_you_mean
-from mtprun.spec.mask import uses_sampled_flags
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, VOCAB_MULTIPLE
 from mtprun.spec.model_shape import ModelShape, folder_shape, model_shape
 
@@ -105,6 +103,17 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
         )
 
 
+@rule("losses", "rollout")
+def _tis_needs_recomputed_logprobs(r: Recipe) -> Iterator[Issue]:
+    for i, term in _terms(r):
+        if term.kind == "grpo" and term.tis_cap is not None and not r.rollout.recompute_logprobs:
+            yield Issue(
+                ("losses", i, "tis_cap"),
+                "tis_cap weighs each token by pi_old / pi_sampler, which needs the trainer's own "
+                "old log-probs: set rollout.recompute_logprobs: true (or remove tis_cap)",
+            )
+
+
 @rule("losses", "model", "parallel")
 def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
     # The trainer runs the teacher split over the policy's TP group and compares the two
@@ -148,6 +157,12 @@ def _cp_keeps_token_terms(r: Recipe) -> Iterator[Issue]:
                 ("losses", i, "loss_agg"),
                 f"loss_agg {term.loss_agg} needs whole sequences and parallel.cp {cp} splits "
                 "them over ranks; use loss_agg: token-mean",
+            )
+        if term.kind == "grpo" and term.ratio == "sequence":
+            yield Issue(
+                ("losses", i, "ratio"),
+                f"ratio: sequence (GSPO) averages each sequence's log-ratio and parallel.cp {cp} "
+                "splits sequences over ranks; use ratio: token or parallel.cp: 1",
             )
 
 
@@ -317,40 +332,6 @@ def _world_size_matches(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("mask", "data", "warmstart", "model")
-def _sampled_flags_available(r: Recipe) -> Iterator[Issue]:
-    sft = r.data is not None or r.warmstart is not None
-    path = r.model.path
-    if not sft or path is None or not uses_sampled_flags(r.mask) or _known_chat_template(path):
-        return
-    yield Issue(
-        ("model", "path"),
-        "SFT data is rendered with this model's own chat template: unless it is exactly "
-        "mtprun's char, chatml or glm template it gives no per-token sampled flags, and "
-        "the mask policy falls back to assistant role spans (a stop token the template "
-        "files under the next message is not trained); `mask: all` trains every token",
-        "warning",
-    )
-
-
-def _known_chat_template(model_dir: str) -> bool:
-    """Whether the folder's tokenizer carries a chat template mtprun renders exactly."""
-    # transformers writes it to chat_template.jinja (newer) or tokenizer_config.json (older).
-    jinja = os.path.join(model_dir, "chat_template.jinja")
-    config = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            template = f.read()
-    elif os.path.isfile(config):
-        with open(config, encoding="utf-8") as f:
-            template = json.load(f).get("chat_template")
-    else:
-        return False  # not readable here (e.g. a cluster path): cannot tell
-    from mtprun.data.templates import chat_format_of_template
-
-    return chat_format_of_template(template) is not None
-
-
 @rule("rollout", "model", "task")
 def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
     shape = model_shape(r.model)
@@ -369,6 +350,20 @@ def _warmup_within_steps(r: Recipe) -> Iterator[Issue]:
             ("trainer", "warmup_steps"),
             f"warmup_steps {r.trainer.warmup_steps} > steps {r.trainer.steps}: the learning "
             "rate never reaches trainer.lr",
+            "warning",
+        )
+
+
+@rule("task")
+def _sampling_rounds_need_dynamic_sampling(r: Recipe) -> Iterator[Issue]:
+    task = r.task
+    if task is None or task.drop_uniform_groups:
+        return
+    if "max_sampling_rounds" in task.model_fields_set:
+        yield Issue(
+            ("task", "max_sampling_rounds"),
+            "max_sampling_rounds bounds dynamic sampling, which is off: set "
+            "task.drop_uniform_groups: true (or remove max_sampling_rounds)",
             "warning",
         )
 
@@ -401,6 +396,19 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
                 f"unknown built-in task '{source}'{did_you_mean(source, TASKS)}; built-in: "
                 f"{', '.join(TASKS)}; or give a .jsonl file",
             )
+
+
+@rule("task")
+def _environment_loads(r: Recipe) -> Iterator[Issue]:
+    if r.task is None or r.task.environment is None:
+        return
+    # Imports the user's module (as the runner will): its errors are the recipe's.
+    from mtprun.data.environment import load_environment_class
+
+    try:
+        load_environment_class(r.task.environment)
+    except ValueError as err:
+        yield Issue(("task", "environment"), f"task.environment: {err}")
 
 
 @rule("model", "parallel", "trainer", "resources", "losses", "data", "task")

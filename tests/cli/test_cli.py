@@ -118,6 +118,29 @@ def test_plan_view_shows_passes_collectives_and_memory(capsys, monkeypatch) -> N
     assert "head-loss memory / micro batch" in out
 
 
+def test_plan_shows_the_policy_loss_options(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")  # one table row per line
+    recipe_path = REPO / "recipes" / "quickstart.yaml"
+    overrides = [
+        "losses.0={kind: grpo, ratio: sequence, clip_c: 3, tis_cap: 2, "
+        "loss_agg: seq-mean-token-sum-norm}",
+        "rollout.recompute_logprobs=true",
+        "task.drop_uniform_groups=true",
+    ]
+    assert main(["plan", str(recipe_path), *overrides]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "dual-clip at 3 A where A < 0; GSPO sequence ratio" in out
+    assert "truncated IS min(pi_old / pi_sampler, 2)" in out
+    assert "recomputed by the trainer before each update" in out
+    assert "equal-reward groups dropped, <= 4 rounds" in out
+    assert "logprob_mismatch, is_weight_mean, is_clip_frac" in out  # the metrics row
+    max_tokens = load_recipe(recipe_path).rollout.max_tokens
+    assert f"token sums / {max_tokens} (constant)" in out
+    assert main(["plan", str(recipe_path), *overrides, "--json"]) == 0
+    plan = HeadPlan.from_json(capsys.readouterr().out)
+    assert plan.sampler_logprobs and plan.norm_length == max_tokens and plan.sequence_ratio
+
+
 def test_plan_of_an_invalid_recipe_exits_2(tmp_path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(FIVE_ERRORS)

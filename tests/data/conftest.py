@@ -5,6 +5,7 @@ import random
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from mtprun.data.messages import Conversation, Message, ToolCall
 from mtprun.data.render import Renderer
@@ -67,3 +68,16 @@ def make_random_conversation(rng: random.Random) -> Conversation:
     if rng.random() < 0.5:
         messages.append(Message("user", text()))
     return tuple(messages)
+
+
+def sampled_runs(is_sampled: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of each run of sampled tokens."""
+    flags = is_sampled.tolist()
+    runs, start = [], None
+    for i, flag in enumerate([*flags, False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs

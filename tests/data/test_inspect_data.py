@@ -117,10 +117,13 @@ def test_a_data_file_without_good_records_is_a_clear_error(tmp_path, capsys) -> 
     assert f"no usable record in {data}" in err and f"{data}:1: empty conversation" in err
 
 
-def test_model_folder_with_an_unknown_template_shows_the_fallback(tmp_path, capsys) -> None:
+def test_model_folder_with_its_own_template_shows_exact_labels(tmp_path, capsys) -> None:
     model = tmp_path / "model"
     tokenizer = build_tokenizer("glm")
-    tokenizer.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     tokenizer.save_pretrained(model)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
@@ -129,6 +132,6 @@ def test_model_folder_with_an_unknown_template_shows_the_fallback(tmp_path, caps
     )
     assert main(["inspect-data", str(recipe), "-n", "1"]) == 0
     out = capsys.readouterr().out
-    assert "unknown chat template: is_sampled estimated from role spans" in out
-    # Role spans: every token of the assistant's message counts as sampled, its tag included.
-    assert re.search(r"^assistant\s+(\d+)\s+\1$", out, flags=re.MULTILINE)
+    # The assistant's tag is its generation prompt: every assistant token but that one trains.
+    counts = re.search(r"^assistant\s+(\d+)\s+(\d+)$", out, flags=re.MULTILINE)
+    assert counts is not None and int(counts[1]) == int(counts[2]) + 1, out

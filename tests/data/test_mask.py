@@ -5,7 +5,7 @@ import torch
 
 from mtprun.data.mask import token_mask
 from mtprun.data.messages import Message
-from mtprun.data.render import ROLE_IDS, Renderer
+from mtprun.data.render import Renderer
 from mtprun.data.tokenizer import build_tokenizer
 
 
@@ -42,7 +42,7 @@ def test_glm_stop_token_survives_an_assistant_only_roles_table(tool_conversation
     assert "result: 12" not in trained
 
 
-def test_fallback_keeps_all_meaning_all_and_narrows_the_others(tool_conversation) -> None:
+def test_an_unknown_template_trains_the_stop_tag_of_the_next_message(tool_conversation) -> None:
     tokenizer = build_tokenizer("glm")
     tokenizer.chat_template = (
         "{%- for m in messages -%}<|{{ 'observation' if m.role == 'tool' else m.role }}|>"
@@ -51,13 +51,13 @@ def test_fallback_keeps_all_meaning_all_and_narrows_the_others(tool_conversation
     renderer = Renderer(tokenizer)
     messages = tool_conversation[4:]  # assistant "12", user, assistant
     seq = renderer.render(messages)
-    assert not seq.sampled_exact
     assert token_mask(seq, "all").all()
     trained = renderer.tokenizer.decode(seq.token_ids[token_mask(seq, "sampled")])
-    # Role spans: the assistant's own tag and text, but not the stop tag of the next message.
-    assert trained == "<|assistant|>12<|assistant|>You're welcome."
+    # No generation prompt in this template: the model writes its own tag too, and stops on
+    # the next message's.
+    assert trained == "<|assistant|>12<|user|><|assistant|>You're welcome."
     roles = token_mask(seq, {"assistant": True})
-    assert torch.equal(roles, seq.roles == ROLE_IDS["assistant"])
+    assert torch.equal(roles, token_mask(seq, "sampled"))
 
 
 def test_unknown_role_in_table_is_a_clear_error(renderer: Renderer) -> None:

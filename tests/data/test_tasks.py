@@ -53,7 +53,7 @@ def test_calculator_demonstration_is_call_long_output_answer() -> None:
     assert call.tool_calls[0].name == "calculator"
     assert tool.content.endswith(f"result: {prompt.answer}")
     assert len(tool.content) > 3 * (len(call.tool_calls[0].to_json()) + len(answer.content))
-    assert task.tool_response((*prompt.messages, answer)) is None
+    assert task.environment().step((*prompt.messages, answer)).done
 
 
 def test_calculator_trace_evaluates_integer_arithmetic() -> None:

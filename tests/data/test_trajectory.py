@@ -11,17 +11,7 @@ from mtprun.data.render import ROLE_IDS, Renderer
 from mtprun.data.tasks import get_task
 from mtprun.data.trajectory import TrajectoryBuilder, expert_rollout
 
-
-def sampled_runs(is_sampled: torch.Tensor) -> list[tuple[int, int]]:
-    flags = is_sampled.tolist()
-    runs, start = [], None
-    for i, flag in enumerate([*flags, False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
+from .conftest import sampled_runs
 
 
 def test_engine_turns_and_tool_outputs_reassemble_the_conversation(
@@ -57,7 +47,7 @@ def test_engine_turns_and_tool_outputs_reassemble_the_conversation(
 def test_expert_rollout_matches_the_rendered_demonstration(renderer: Renderer, task_name) -> None:
     task = get_task(task_name)
     for prompt in task.prompts(3, seed=random.randrange(1000)):
-        trajectory, conversation = expert_rollout(task, prompt, renderer, max_turns=4)
+        trajectory, conversation, _ = expert_rollout(task, prompt, renderer, max_turns=4)
         assert conversation == task.demonstration(prompt)
         full = renderer.render(conversation)
         n = len(trajectory)
@@ -68,7 +58,7 @@ def test_expert_rollout_matches_the_rendered_demonstration(renderer: Renderer, t
 def test_calculator_trajectory_is_mostly_untrained(renderer: Renderer) -> None:
     task = get_task("calculator_tool")
     prompt = task.prompts(1, seed=0)[0]
-    trajectory, _ = expert_rollout(task, prompt, renderer, max_turns=4)
+    trajectory, _, _ = expert_rollout(task, prompt, renderer, max_turns=4)
     prompt_length = len(renderer.render(prompt.messages, add_generation_prompt=True))
     response = trajectory[prompt_length:]
     trained = token_mask(response, "sampled")
@@ -97,7 +87,7 @@ def test_prompt_tokens_are_never_sampled(renderer: Renderer) -> None:
 def test_expert_rollout_stops_at_max_turns_without_inserting(renderer: Renderer) -> None:
     task = get_task("calculator_tool")
     prompt = task.prompts(1, seed=random.randrange(1000))[0]
-    trajectory, conversation = expert_rollout(task, prompt, renderer, max_turns=1)
+    trajectory, conversation, _ = expert_rollout(task, prompt, renderer, max_turns=1)
     assert [m.role for m in conversation] == ["user", "assistant"]
     assert conversation[-1].tool_calls
     assert trajectory.is_sampled[-1]  # ends on the sampled stop token, no tool output after it

@@ -77,6 +77,9 @@ def make_problem(
         kwargs["advantages"] = torch.randn(rows, generator=gen)
         kwargs["old_logprobs"] = -torch.rand(rows, generator=gen) * 4 - 2
         kwargs["ref_logprobs"] = -torch.rand(rows, generator=gen) * 4 - 2
+    if plan.sampler_logprobs:  # near the old ones, some beyond a tis_cap of 1.5
+        old = kwargs["old_logprobs"]
+        kwargs["sampler_logprobs"] = old + torch.randn(rows, generator=gen)
     if plan.term("distill") is not None:
         kwargs["teacher_hidden"] = torch.randn(rows, 8, generator=gen).to(dtype)
         kwargs["teacher_weight"] = torch.randn(vocab, 8, generator=gen).to(dtype)

@@ -30,6 +30,7 @@ def reference_head_loss(
     tp_group: object = None,
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
     chunking: object = None,
 ) -> HeadLossOutput:
     """Loss in float64; gradients flow back to the given tensors (cast to their dtype)."""
@@ -59,22 +60,36 @@ def reference_head_loss(
         elif term.kind == "entropy":
             per_token = -entropy
         elif term.kind == "grpo":
-            per_token, extra = _grpo(term, logp, advantages, old_logprobs, ref_logprobs, rows)
+            old = logp.detach() if old_logprobs is None else old_logprobs.double()
+            if term.ratio == "sequence":
+                log_ratio = _gspo_log_ratio(logp, old, rows, seq_of)
+            else:
+                log_ratio = logp - old
+            inputs = (advantages.double(), ref_logprobs, sampler_logprobs, old)
+            per_token, extra = _grpo(term, logp, log_ratio, inputs, rows)
         elif term.kind == "distill":
             teacher = teacher_hidden.double() @ teacher_weight.double().T / term.temperature
             per_token = -(teacher.softmax(-1) * logp_all).sum(-1)
-        value = _aggregate(term, per_token, rows, seq_of, bounds)
+        value = _aggregate(term, per_token, rows, seq_of, bounds, plan.norm_length)
         loss = loss + term.weight * value
         metrics[term.kind] = value.detach()
         metrics.update({f"{term.kind}/{k}": v.detach() for k, v in extra.items()})
     metrics["entropy"] = _token_mean(entropy, rows).detach()
+    if sampler_logprobs is not None:
+        grpo = plan.term("grpo")
+        mismatch = old_logprobs.double() - sampler_logprobs.double()
+        metrics["logprob_mismatch"] = _token_mean(mismatch.abs(), rows)
+        if grpo is not None and grpo.tis_cap is not None:
+            is_ratio = mismatch.exp()
+            metrics["is_weight_mean"] = _token_mean(is_ratio.clamp(max=grpo.tis_cap), rows)
+            metrics["is_clip_frac"] = _token_mean((is_ratio > grpo.tis_cap).double(), rows)
 
     mtp = plan.term("mtp")
     if mtp is not None:
         head_values = []
         for k in plan.mtp_depths:
             value, agree = _mtp_head(mtp, k, mtp_hidden[k - 1], w64, logits, targets, mask, seq_of)
-            head_values.append(_aggregate(mtp, value[0], value[1], seq_of, bounds))
+            head_values.append(_aggregate(mtp, value[0], value[1], seq_of, bounds, None))
             metrics[f"mtp/{k}/loss"] = head_values[-1].detach()
             metrics[f"mtp/{k}/top1_agree"] = agree
         mtp_value = torch.stack(head_values).mean()
@@ -85,12 +100,40 @@ def reference_head_loss(
     )
 
 
-def _grpo(term, logp, advantages, old_logprobs, ref_logprobs, rows):
-    advantages = advantages.double()
-    old = logp.detach() if old_logprobs is None else old_logprobs.double()
-    ratio = torch.exp(logp - old)
-    clipped = ratio.clamp(1 - term.clip_low, 1 + term.clip_high)
-    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+def _gspo_log_ratio(logp, old, rows, seq_of):
+    """GSPO-token: the value of the sequence's mean log-ratio over its trained tokens, with
+    the gradient of each token's own logp (sg(mean) + logp - sg(logp))."""
+    by_seq: dict[int, list[int]] = {}
+    for t in rows:
+        by_seq.setdefault(seq_of[t], []).append(t)
+    mean = torch.zeros_like(logp)
+    for members in by_seq.values():
+        seq_mean = (logp[members] - old[members]).mean().detach()
+        for t in members:
+            mean[t] = seq_mean
+    return mean + logp - logp.detach()
+
+
+def _grpo(term, logp, log_ratio, inputs, rows):
+    advantages, ref_logprobs, sampler_logprobs, old = inputs
+    ratio = torch.exp(log_ratio)
+    if term.policy_loss == "cispo":
+        cap = 1 + term.clip_high
+        per_token = -ratio.clamp(max=cap).detach() * advantages * logp
+        clip_frac = (ratio > cap).double()
+    else:
+        clipped = ratio.clamp(1 - term.clip_low, 1 + term.clip_high)
+        surrogate = torch.minimum(ratio * advantages, clipped * advantages)
+        clip_frac = (clipped * advantages < ratio * advantages).double()
+        if term.clip_c is not None:
+            dual = torch.maximum(surrogate, term.clip_c * advantages)
+            dual_won = (advantages < 0) & (term.clip_c * advantages > surrogate)
+            surrogate = torch.where(advantages < 0, dual, surrogate)
+            clip_frac = torch.maximum(clip_frac, dual_won.double())
+        per_token = -surrogate
+    if term.tis_cap is not None:
+        is_weight = torch.exp(old - sampler_logprobs.double()).clamp(max=term.tis_cap)
+        per_token = per_token * is_weight
     kl = torch.zeros_like(logp)
     if ref_logprobs is not None:
         delta = logp - ref_logprobs.double()
@@ -100,7 +143,6 @@ def _grpo(term, logp, advantages, old_logprobs, ref_logprobs, rows):
             "k3": torch.exp(-delta) + delta - 1,
         }[term.kl_estimator]
     per_token = per_token + term.kl_coef * kl
-    clip_frac = (clipped * advantages < ratio * advantages).double()
     extra = {
         "clip_frac": _token_mean(clip_frac, rows).detach(),
         "kl": _token_mean(kl, rows).detach(),
@@ -131,7 +173,7 @@ def _mtp_head(term, k, head_hidden, w64, logits, targets, mask, seq_of):
     return (per_token, rows), agree_mean
 
 
-def _aggregate(term: LossTerm, per_token, rows, seq_of, bounds) -> torch.Tensor:
+def _aggregate(term: LossTerm, per_token, rows, seq_of, bounds, norm_length) -> torch.Tensor:
     if not rows:
         return per_token.sum() * 0.0
     if term.loss_agg == "token-mean":
@@ -143,7 +185,7 @@ def _aggregate(term: LossTerm, per_token, rows, seq_of, bounds) -> torch.Tensor:
         return torch.stack([per_token[r].mean() for r in by_seq.values()]).mean()
     longest = max(bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1))
     sums = torch.stack([per_token[r].sum() for r in by_seq.values()])
-    return sums.sum() / (len(by_seq) * longest)
+    return sums.sum() / (len(by_seq) * (norm_length or longest))
 
 
 def _token_mean(values: torch.Tensor, rows: list[int]) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -27,6 +29,30 @@ SINGLE_TERMS = {
     "mtp-topk": [{"kind": "mtp", "target": "topk", "topk": 5, "train_shared_output": True}],
     "mtp-hard": [{"kind": "mtp", "depth": 3, "target": "hard", "train_shared_output": True}],
 }
+# The policy-loss variants of the grpo term (mtprun/losses/grpo.py), each with a KL.
+POLICY_LOSSES = {
+    "gspo": [
+        {
+            "kind": "grpo",
+            "ratio": "sequence",
+            "loss_agg": "seq-mean-token-mean",
+            "clip_low": 0.3,
+            "clip_high": 0.4,
+            "kl_coef": 0.1,
+        }
+    ],
+    "gspo-dual-clip-token-mean": [
+        {"kind": "grpo", "ratio": "sequence", "clip_c": 1.2, "clip_high": 0.5}
+    ],
+    "cispo": [{"kind": "grpo", "policy_loss": "cispo", "clip_high": 0.4, "kl_coef": 0.2}],
+    "cispo-gspo": [{"kind": "grpo", "policy_loss": "cispo", "ratio": "sequence"}],
+    "dual-clip": [{"kind": "grpo", "clip_c": 1.5, "kl_coef": 0.1, "kl_estimator": "k2"}],
+    "tis": [{"kind": "grpo", "tis_cap": 1.5, "clip_c": 2.0, "kl_coef": 0.1}],
+    "tis-cispo": [{"kind": "grpo", "policy_loss": "cispo", "tis_cap": 1.2}],
+    "dr-grpo": [{"kind": "grpo", "loss_agg": "seq-mean-token-sum-norm", "tis_cap": 2.0}],
+}
+# Several chunks over the whole vocab: a sequence-level ratio then takes two passes.
+CHUNKED_WHOLE_VOCAB = Chunking(rows_per_chunk=5)
 COMBINED = [
     {"kind": "ce", "loss_agg": "seq-mean-token-mean"},
     {"kind": "z_loss", "weight": 0.01},
@@ -49,6 +75,39 @@ def check(problem, chunking=ONE_PASS, grad_tol=1e-4):
 @pytest.mark.parametrize("name", list(SINGLE_TERMS))
 def test_each_term_alone(name, chunking):
     check(make_problem(SINGLE_TERMS[name]), chunking)
+
+
+@pytest.mark.parametrize(
+    "chunking", [ONE_PASS, TWO_PASS, CHUNKED_WHOLE_VOCAB], ids=["one-pass", "two-pass", "chunks"]
+)
+@pytest.mark.parametrize("name", list(POLICY_LOSSES))
+def test_each_policy_loss_variant(name, chunking):
+    problem = make_problem(POLICY_LOSSES[name], rows=67, seq_lens=[9, 20, 3, 30, 5])
+    out = check(problem, chunking)
+    if "tis_cap" in POLICY_LOSSES[name][0]:
+        assert 0 < out.metrics["is_clip_frac"].item() < 1  # the cap bit on some tokens only
+
+
+def test_policy_loss_variant_with_a_constant_sum_norm_length():
+    options = {"norm_length": 48, "sampler_logprobs": True}
+    problem = make_problem(POLICY_LOSSES["dr-grpo"], seq_lens=[9, 20, 3, 29], plan_options=options)
+    check(problem, TWO_PASS)
+
+
+def test_gspo_ratio_is_one_per_sequence():
+    """The sequence ratio's value: each sequence's clipped ratio times its advantage, averaged
+    over sequences, is the loss (GSPO's objective under seq-mean-token-mean)."""
+    terms = [{"kind": "grpo", "ratio": "sequence", "loss_agg": "seq-mean-token-mean"}]
+    problem = make_problem(terms, rows=40, active=1.0, seq_lens=[10, 10, 20])
+    kwargs = problem.kwargs
+    kwargs["advantages"] = torch.tensor([0.5] * 10 + [-1.0] * 10 + [2.0] * 20)
+    out = problem.clone().call(head_loss)
+    delta = out.logprobs - kwargs["old_logprobs"]  # every row is under the mask
+    expected = []
+    for start, stop, adv in ((0, 10, 0.5), (10, 20, -1.0), (20, 40, 2.0)):
+        ratio = delta[start:stop].mean().exp()
+        expected.append(-min(ratio * adv, ratio.clamp(0.8, 1.28) * adv))
+    assert out.loss.item() == pytest.approx(float(sum(expected) / 3), rel=1e-5)
 
 
 @SCHEDULES
@@ -165,3 +224,39 @@ def test_second_backward_on_one_forward_is_refused():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
+
+
+@pytest.mark.parametrize("loss_agg", ["seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_calls_weighted_by_their_token_share_add_up_to_the_step(loss_agg):
+    """The trainer's micro batches: each call's loss weighted by its share of the step's
+    trained tokens, with the step's tokens_per_sequence, is one call over the whole step
+    (sequence means over the step's sequences, not each micro batch's)."""
+    terms = [{"kind": "grpo", "loss_agg": loss_agg, "ratio": "sequence", "clip_c": 2.0}]
+    problem = make_problem(terms, rows=60, seq_lens=[5, 25, 4, 6, 20], active=0.8)
+    problem.plan = type(problem.plan).compile(problem.plan.terms, norm_length=40)
+    whole = problem.clone()
+    expected = whole.call(head_loss)
+    expected.loss.backward()
+
+    mask, cu = problem.kwargs["loss_mask"], problem.kwargs["cu_seqlens"]
+    total = int(mask.sum())
+    sequences = sum(bool(mask[a:b].any()) for a, b in itertools.pairwise(cu.tolist()))
+    split = problem.clone()
+    parts = []
+    for rows, bounds in ((slice(0, 30), [0, 5, 30]), (slice(30, 60), [0, 4, 10, 30])):
+        kwargs = {k: v[rows] for k, v in split.kwargs.items() if k != "cu_seqlens"}
+        share = int(mask[rows].sum()) / total
+        out = head_loss(
+            split.hidden[rows],
+            split.weight,
+            split.plan,
+            **kwargs,
+            cu_seqlens=torch.tensor(bounds),
+            tokens_per_sequence=total / sequences,
+        )
+        parts.append(share * out.loss)
+    loss = sum(parts)
+    loss.backward()
+    torch.testing.assert_close(loss, expected.loss)
+    torch.testing.assert_close(split.hidden.grad, whole.hidden.grad)
+    torch.testing.assert_close(split.weight.grad, whole.weight.grad)

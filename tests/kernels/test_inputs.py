@@ -89,6 +89,29 @@ BAD_INPUTS = {
         ValueError,
         r"mtp_hidden\[1\] holds non-finite",
     ),
+    "sampler log-probs the plan does not take": (
+        {"sampler_logprobs": torch.zeros(20)},
+        ValueError,
+        "sampler_logprobs was given but the plan does not take them",
+    ),
+    "no sampler log-probs for tis_cap": (
+        {"plan": HeadPlan.from_losses([{"kind": "grpo", "tis_cap": 2.0}])},
+        ValueError,
+        r"the plan has tis_cap=2.0: pass old_logprobs=\[N\] .* and sampler_logprobs=\[N\]",
+    ),
+    "sampler log-probs shape": (
+        {
+            "plan": HeadPlan.from_losses([{"kind": "ce"}], sampler_logprobs=True),
+            "sampler_logprobs": torch.zeros(3),
+        },
+        ValueError,
+        r"sampler_logprobs must have shape \[20\]",
+    ),
+    "tokens per sequence": (
+        {"tokens_per_sequence": 0.0},
+        ValueError,
+        "tokens_per_sequence must be > 0",
+    ),
     "not a plan": ({"plan": [{"kind": "ce"}]}, TypeError, "plan must be a HeadPlan"),
     "tp size": (
         {"plan": HeadPlan.from_losses([{"kind": "ce"}], tp_size=2)},

@@ -24,10 +24,28 @@ TERMS = [
     {"kind": "distill", "teacher": "t", "temperature": 2.0},
     {"kind": "mtp", "depth": 2, "target": "topk", "topk": 4, "train_shared_output": True},
 ]
+# The grpo term's policy-loss variants (one grpo term per plan).
+VARIANTS = {
+    "gspo-dual-clip-tis": [
+        {"kind": "ce", "weight": 0.1},
+        {
+            "kind": "grpo",
+            "ratio": "sequence",
+            "loss_agg": "seq-mean-token-mean",
+            "clip_c": 1.5,
+            "tis_cap": 1.5,
+            "kl_coef": 0.1,
+        },
+    ],
+    "cispo-sum-norm": [
+        {"kind": "grpo", "policy_loss": "cispo", "loss_agg": "seq-mean-token-sum-norm"},
+        {"kind": "entropy", "coef": 0.05},
+    ],
+}
 CHUNKINGS = [Chunking(), Chunking(vocab_tile=7, rows_per_chunk=9)]
 
 
-def _rank_main(rank: int, port: int, problem: Problem, results: str) -> None:
+def _rank_main(rank: int, port: int, problems: dict[str, Problem], results: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
     torch.cuda.current_device = lambda: "cpu"  # Megatron-core on CPU (see STACK.md)
@@ -36,15 +54,18 @@ def _rank_main(rank: int, port: int, problem: Problem, results: str) -> None:
 
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP)
     group = parallel_state.get_tensor_model_parallel_group()
+    problem = problems["all-terms"]
     shard = problem.weight.shape[0] // TP
     rows = slice(rank * shard, (rank + 1) * shard)
-    outputs = []
-    for chunking in CHUNKINGS:
-        local = _shard(problem, rows)
-        out = local.call(head_loss, tp_group=group, chunking=chunking)
-        out.loss.backward()
-        grads = [leaf.grad for leaf in local.leaves()]
-        outputs.append((out.loss.detach(), out.metrics, out.logprobs, grads))
+    outputs = {}
+    for name, each in problems.items():
+        outputs[name] = []
+        for chunking in CHUNKINGS:
+            local = _shard(each, rows)
+            out = local.call(head_loss, tp_group=group, chunking=chunking)
+            out.loss.backward()
+            grads = [leaf.grad for leaf in local.leaves()]
+            outputs[name].append((out.loss.detach(), out.metrics, out.logprobs, grads))
 
     # Cross-entropy alone, ours and Megatron's, on the same shard.
     ce = _shard(problem, rows)
@@ -72,8 +93,10 @@ def _rank_main(rank: int, port: int, problem: Problem, results: str) -> None:
 def _shard(problem: Problem, rows: slice) -> Problem:
     local = problem.clone()
     local.weight = problem.weight.detach()[rows].clone().requires_grad_()
-    local.kwargs["teacher_weight"] = problem.kwargs["teacher_weight"][rows]
-    local.plan = HeadPlan.compile(problem.plan.terms, tp_size=TP)
+    if "teacher_weight" in local.kwargs:
+        local.kwargs["teacher_weight"] = problem.kwargs["teacher_weight"][rows]
+    plan = problem.plan
+    local.plan = HeadPlan.compile(plan.terms, tp_size=TP, sampler_logprobs=plan.sampler_logprobs)
     return local
 
 
@@ -85,19 +108,36 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_vocab_parallel_matches_single_process_and_megatron(tmp_path):
-    problem = make_problem(TERMS, rows=40, vocab=54, active=0.7)
+    problems = {"all-terms": make_problem(TERMS, rows=40, vocab=54, active=0.7)}
+    for name, terms in VARIANTS.items():
+        problems[name] = make_problem(terms, rows=40, vocab=54, active=0.7)
     results = str(tmp_path / "rank")
-    mp.spawn(_rank_main, args=(_free_port(), problem.clone(), results), nprocs=TP)
+    clones = {name: p.clone() for name, p in problems.items()}
+    mp.spawn(_rank_main, args=(_free_port(), clones, results), nprocs=TP)
     ranks = [torch.load(f"{results}.{r}") for r in range(TP)]
+    for name, problem in problems.items():
+        _check_ranks(name, problem, [result["ours"][name] for result in ranks])
 
+    problem = problems["all-terms"]
+    mask = problem.kwargs["loss_mask"]
+    for result in ranks:
+        logprobs, weight_grad = result["ours_ce"]
+        per_token, megatron_weight_grad = result["megatron"]
+        torch.testing.assert_close(logprobs[mask], -per_token[mask], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(weight_grad, megatron_weight_grad, atol=1e-6, rtol=1e-4)
+
+
+def _check_ranks(name: str, problem: Problem, ranks: list) -> None:
+    """Every rank's loss, metrics, log-probs and gradients (its weight shard's) equal the
+    single process's, with each chunking."""
     single = problem.clone()
     expected = single.call(head_loss)
     expected.loss.backward()
     shard = problem.weight.shape[0] // TP
     for c, chunking in enumerate(CHUNKINGS):
         for rank, result in enumerate(ranks):
-            loss, metrics, logprobs, grads = result["ours"][c]
-            where = f"rank {rank}, {chunking}"
+            loss, metrics, logprobs, grads = result[c]
+            where = f"{name}, rank {rank}, {chunking}"
             torch.testing.assert_close(loss, expected.loss.detach(), msg=where)
             torch.testing.assert_close(logprobs, expected.logprobs, msg=where)
             for name, value in expected.metrics.items():
@@ -107,10 +147,3 @@ def test_vocab_parallel_matches_single_process_and_megatron(tmp_path):
             wanted += [h.grad for h in single.mtp_hidden]
             for got, want in zip(grads, wanted, strict=True):
                 torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=where)
-
-    mask = problem.kwargs["loss_mask"]
-    for result in ranks:
-        logprobs, weight_grad = result["ours_ce"]
-        per_token, megatron_weight_grad = result["megatron"]
-        torch.testing.assert_close(logprobs[mask], -per_token[mask], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(weight_grad, megatron_weight_grad, atol=1e-6, rtol=1e-4)

@@ -36,6 +36,36 @@ PLANS = {
     ],
     "mtp_topk": [{"kind": "ce"}, {"kind": "mtp", "depth": 2, "target": "topk", "topk": 5}],
     "distill": [{"kind": "distill", "teacher": "t", "temperature": 2.0}, {"kind": "ce"}],
+    # The grpo term's policy-loss variants (mtprun/losses/grpo.py).
+    "gspo_dual_clip_tis": [
+        {
+            "kind": "grpo",
+            "ratio": "sequence",
+            "loss_agg": "seq-mean-token-mean",
+            "clip_low": 0.5,
+            "clip_high": 1.0,
+            "clip_c": 1.5,
+            "tis_cap": 1.5,
+            "kl_coef": 0.1,
+        }
+    ],
+    "cispo_tis_sum_norm": [
+        {
+            "kind": "grpo",
+            "policy_loss": "cispo",
+            "tis_cap": 1.2,
+            "loss_agg": "seq-mean-token-sum-norm",
+            "kl_coef": 0.1,
+            "kl_estimator": "k2",
+        },
+        {"kind": "entropy", "coef": 0.01},
+    ],
+    "dual_clip": [{"kind": "grpo", "clip_c": 1.2}],
+    "gspo_cispo_mtp_distill": [
+        {"kind": "grpo", "ratio": "sequence", "policy_loss": "cispo"},
+        {"kind": "distill", "teacher": "t", "weight": 0.5},
+        {"kind": "mtp", "depth": 1, "target": "soft"},
+    ],
 }
 
 
@@ -58,14 +88,19 @@ def make_batch(
     def vector(scale: float) -> torch.Tensor:
         return (-torch.rand(n, generator=gen) * scale).to(device)
 
+    hidden, weight = matrix(n), matrix(v, 2.0 / h**0.5)
+    targets = torch.randint(0, v, (n,), generator=gen).to(device)
+    # Old log-probs near the policy's own: ratios on both sides of every clip bound.
+    logp = (hidden.float() @ weight.float().T).log_softmax(-1).gather(1, targets[:, None])[:, 0]
     return {
-        "hidden": matrix(n).requires_grad_(),
-        "weight": matrix(v, 2.0 / h**0.5).requires_grad_(),
-        "targets": torch.randint(0, v, (n,), generator=gen).to(device),
+        "hidden": hidden.requires_grad_(),
+        "weight": weight.requires_grad_(),
+        "targets": targets,
         "loss_mask": (torch.rand(n, generator=gen) < active).to(device),
         "advantages": torch.randn(n, generator=gen).to(device),
-        "old_logprobs": vector(6.0),
+        "old_logprobs": logp + (torch.randn(n, generator=gen) * 0.7).to(device),
         "ref_logprobs": vector(6.0),
+        "sampler_logprobs": (torch.randn(n, generator=gen) * 0.5).to(device),  # + old, below
         "mtp_hidden": [matrix(n).requires_grad_() for _ in range(2)],
         "cu_seqlens": torch.tensor([0, n // 4, n // 2 + 3, n]).to(device),
         "teacher_hidden": matrix(n),
@@ -78,6 +113,8 @@ def arguments(plan: HeadPlan, batch: dict) -> dict:
     args = {k: batch[k] for k in ("targets", "loss_mask", "cu_seqlens")}
     if plan.term("grpo") is not None:
         args.update({k: batch[k] for k in ("advantages", "old_logprobs", "ref_logprobs")})
+    if plan.sampler_logprobs:  # near the old log-probs, some beyond a tis_cap
+        args["sampler_logprobs"] = batch["old_logprobs"] + batch["sampler_logprobs"]
     if plan.mtp_depths:
         args["mtp_hidden"] = batch["mtp_hidden"][: len(plan.mtp_depths)]
     if plan.term("distill") is not None:

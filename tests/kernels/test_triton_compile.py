@@ -26,6 +26,10 @@ MINIMAL = {
     "HAS_GRPO": False,
     "HAS_OLD": False,
     "KL_ESTIMATOR": 0,
+    "SEQ_RATIO": False,
+    "CISPO": False,
+    "DUAL_CLIP": False,
+    "HAS_IS_WEIGHT": False,
     "HAS_ENTROPY_BONUS": False,
     "HAS_TEACHER": False,
     "HAS_PLAIN": False,
@@ -37,12 +41,22 @@ EVERYTHING = {
     "HAS_GRPO": True,
     "HAS_OLD": True,
     "KL_ESTIMATOR": 3,
+    "SEQ_RATIO": True,
+    "CISPO": False,
+    "DUAL_CLIP": True,
+    "HAS_IS_WEIGHT": True,
     "HAS_ENTROPY_BONUS": True,
     "HAS_TEACHER": True,
     "HAS_PLAIN": True,
     "ARGMAX": True,
 }
-_SCALARS = {"inv_temperature": "fp32", "clip_low": "fp32", "clip_high": "fp32", "kl_coef": "fp32"}
+_SCALARS = {
+    "inv_temperature": "fp32",
+    "clip_low": "fp32",
+    "clip_high": "fp32",
+    "clip_c": "fp32",
+    "kl_coef": "fp32",
+}
 
 
 def _signature(
@@ -73,8 +87,14 @@ VARIANTS = [
     *((mode, "all", "bf16") for mode in MODES),
     ("fused", "all", "fp32"),
     ("fused", "k1", "bf16"),
+    ("grad", "cispo", "bf16"),
 ]
-FLAGS = {"ce": MINIMAL, "all": EVERYTHING, "k1": {**EVERYTHING, "KL_ESTIMATOR": 1}}
+FLAGS = {
+    "ce": MINIMAL,
+    "all": EVERYTHING,
+    "k1": {**EVERYTHING, "KL_ESTIMATOR": 1},
+    "cispo": {**EVERYTHING, "CISPO": True, "DUAL_CLIP": False},
+}
 
 
 @pytest.mark.parametrize(("mode", "flags", "logits_type"), VARIANTS)

@@ -54,7 +54,7 @@ def test_matches_reference_float32(name: str, active: float) -> None:
     assert_matches_reference(head_loss_triton, plan, batch, 2e-4, chunk_bytes=SEVEN_ROW_CHUNKS)
 
 
-@pytest.mark.parametrize("name", ["sft", "grpo", "mtp_soft"])
+@pytest.mark.parametrize("name", ["sft", "grpo", "mtp_soft", "gspo_dual_clip_tis"])
 def test_matches_reference_bfloat16(name: str) -> None:
     plan = HeadPlan.from_losses(PLANS[name])
     batch = make_batch(7, 0.5, dtype=torch.bfloat16, **SHAPE)
@@ -100,21 +100,25 @@ def test_missing_advantages_is_rejected_with_the_argument_name() -> None:
         )
 
 
-TP_PLAN = [
-    {"kind": "ce"},
-    {"kind": "z_loss", "weight": 1e-2},
-    {"kind": "grpo", "kl_coef": 0.1},
-    {"kind": "mtp", "depth": 1, "target": "soft"},
-]
+TP_PLANS = {
+    "all_terms": [
+        {"kind": "ce"},
+        {"kind": "z_loss", "weight": 1e-2},
+        {"kind": "grpo", "kl_coef": 0.1},
+        {"kind": "mtp", "depth": 1, "target": "soft"},
+    ],
+    "gspo_dual_clip_tis": PLANS["gspo_dual_clip_tis"],
+    "cispo_tis_sum_norm": PLANS["cispo_tis_sum_norm"],
+}
 
 
-def _tp_rank(rank: int, init_file: str, batch: dict, results) -> None:
+def _tp_rank(rank: int, init_file: str, terms: list, batch: dict, results) -> None:
     """One rank of a 2-way vocab-parallel run (spawned; gloo on CPU)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        plan = HeadPlan.from_losses(TP_PLAN, tp_size=2)
+        plan = HeadPlan.from_losses(terms, tp_size=2)
         shard = batch["weight"].shape[0] // 2
         batch = dict(
             batch,
@@ -131,18 +135,20 @@ def _tp_rank(rank: int, init_file: str, batch: dict, results) -> None:
         dist.destroy_process_group()
 
 
-def test_vocab_parallel_matches_one_process(tmp_path) -> None:
+@pytest.mark.parametrize("name", sorted(TP_PLANS))
+def test_vocab_parallel_matches_one_process(tmp_path, name: str) -> None:
     import torch.multiprocessing as mp
 
+    terms = TP_PLANS[name]
     batch = make_batch(21, 0.7, n=24, h=16, v=256)
-    single, single_grads = run(head_loss_triton, HeadPlan.from_losses(TP_PLAN), batch)
+    single, single_grads = run(head_loss_triton, HeadPlan.from_losses(terms), batch)
     shared = {
         k: [t.detach() for t in v] if isinstance(v, list) else v.detach() for k, v in batch.items()
     }
     context = mp.get_context("spawn")
     results = context.Queue()
     ranks = [
-        context.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), shared, results))
+        context.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), terms, shared, results))
         for r in range(2)
     ]
     for process in ranks:
@@ -157,9 +163,10 @@ def test_vocab_parallel_matches_one_process(tmp_path) -> None:
         for name, value in metrics.items():
             assert value == pytest.approx(float(single.metrics[name]), rel=1e-5, abs=1e-6), name
         torch.testing.assert_close(logprobs, single.logprobs, rtol=1e-5, atol=1e-5)
-        hidden_grad, weight_grad, mtp_grad = grads
+        hidden_grad, weight_grad, *mtp_grad = grads
         torch.testing.assert_close(hidden_grad, single_grads[0], rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(mtp_grad, single_grads[2], rtol=1e-4, atol=1e-6)
+        for got, expected in zip(mtp_grad, single_grads[2:], strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
         shard = weight_grad.shape[0]
         expected = single_grads[1][rank * shard : (rank + 1) * shard]
         torch.testing.assert_close(weight_grad, expected, rtol=1e-4, atol=1e-6)

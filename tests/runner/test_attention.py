@@ -1,6 +1,6 @@
 """Packed attention: the FlexAttention block mask against the dense packed causal mask, its
-output against a float64 reference (GQA, context-parallel shares), and recomputation modes
-against none."""
+output and the padded-batch SDPA path's against a float64 reference (GQA, context-parallel
+shares), when the padded layout is taken, and recomputation modes against none."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 from mtprun.models import ModelDims
-from mtprun.runner.trainer.attention import BLOCK, packed_block_mask, packed_causal_mask
+from mtprun.runner.trainer.attention import (
+    BLOCK,
+    PADDED_WORK_LIMIT,
+    PaddedRows,
+    _sdpa_padded,
+    packed_block_mask,
+    packed_causal_mask,
+)
 from mtprun.runner.trainer.context_parallel import TokenShard
 from mtprun.runner.trainer.model import load_policy_model
 
@@ -86,6 +93,55 @@ def test_flex_attention_under_the_block_mask_matches_float64_masked_softmax(cp):
             repeat, 1
         )
         torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+
+
+def _float64_packed_attention(q, k, v, cu_seqlens):
+    """q [T, heads, d], k/v [T, groups, d] float64 -> [T, heads * d] under the dense mask."""
+    visible = ~packed_causal_mask(cu_seqlens, TokenShard(0, 1, q.shape[0]), "cpu")[0, 0]
+    repeat = q.shape[1] // k.shape[1]
+    qh, kh, vh = (
+        q.transpose(0, 1),
+        *(t.repeat_interleave(repeat, 1).transpose(0, 1) for t in (k, v)),
+    )
+    scores = qh @ kh.transpose(-1, -2) / q.shape[-1] ** 0.5
+    out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ vh
+    return out.transpose(0, 1).flatten(1)
+
+
+@pytest.mark.parametrize("lengths", [[64, 64, 64], [50, 64, 37, 60], [1, 8, 8]])
+def test_padded_sdpa_matches_float64_masked_softmax(lengths):
+    g = torch.Generator().manual_seed(sum(lengths))
+    heads, groups, dim = 6, 2, 16
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    rows = PaddedRows.of(cu_seqlens, "cpu")
+    assert (rows.index is None) == (len(set(lengths)) == 1)
+    tokens = sum(lengths)
+    q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(tokens, 1, groups, dim, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    out = _sdpa_padded(q, k, v, rows)[:, 0]
+    want = _float64_packed_attention(q[:, 0], k[:, 0], v[:, 0], cu_seqlens)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_padded_layout_and_its_work_ratio():
+    def cu(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+
+    assert PaddedRows.of(cu([2048] * 4), "cpu") == PaddedRows(4, 2048, None)
+    assert PaddedRows.work_ratio(cu([2048] * 4)) == 1.0
+    close = PaddedRows.of(cu([2000, 2048, 1900]), "cpu")
+    assert (close.batch, close.length) == (3, 2048)
+    assert close.index[1999:2001].tolist() == [1999, 2048]
+    assert PaddedRows.work_ratio(cu([2000, 2048, 1900])) < PADDED_WORK_LIMIT
+    assert PaddedRows.work_ratio(cu([4096, 64, 64, 64])) > PADDED_WORK_LIMIT  # flex instead
 
 
 def _grads(model_dir, recompute, batch):

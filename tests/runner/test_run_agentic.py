@@ -1,6 +1,8 @@
-"""recipes/grpo-agentic.yaml end to end: after its SFT warm start the tiny policy calls the
-calculator in its rollouts, the episode collector answers each call as a tool turn and the
-policy samples again after it, and the step trains on those multi-turn trajectories."""
+"""recipes/grpo-agentic.yaml end to end, its environment a user class given as
+`path/to/file.py:Class` (tests/runner/envs/scored_calculator.py): after its SFT warm start the
+tiny policy calls the calculator in its rollouts, the user environment answers each call as a
+tool turn and scores the episode, the policy samples again after it, and the step trains on
+those multi-turn trajectories."""
 
 from __future__ import annotations
 
@@ -9,25 +11,37 @@ from pathlib import Path
 import pytest
 
 from .cli_run import finished_run
+from .envs.scored_calculator import REWARD_OFFSET
 
 pytestmark = pytest.mark.slow
 
 RECIPE = Path(__file__).parents[2] / "recipes" / "grpo-agentic.yaml"
+ENVIRONMENT = f"{Path(__file__).parent / 'envs' / 'scored_calculator.py'}:ScoredCalculator"
 RL_STEPS = 2
 
 
 @pytest.fixture(scope="module")
 def agentic_run():
-    with finished_run(RECIPE, f"trainer.steps={RL_STEPS}", prefix="agt") as record:
+    overrides = (f"trainer.steps={RL_STEPS}", f"task.environment={ENVIRONMENT}")
+    with finished_run(RECIPE, *overrides, prefix="agt") as record:
         yield record
 
 
 def test_rollouts_call_the_tool_and_continue_after_its_answer(agentic_run):
-    # rollout/tool_turns counts the tool answers inserted with a turn left after them
-    # (max_turns 2): each one was followed by another sampled policy turn.
+    # rollout/tool_turns counts the environment's answers inserted with a turn left after
+    # them (max_turns 2): each one was followed by another sampled policy turn.
     tool_turns = agentic_run.values("rollout/tool_turns")
     assert len(tool_turns) == RL_STEPS
     assert max(tool_turns) > 0, tool_turns
+
+
+def test_the_user_environment_runs_and_scores_every_episode(agentic_run):
+    # Every step of the user environment gives a reward (offset by REWARD_OFFSET); task.reward
+    # (exact answer, 0 or 1) would score episodes whose environment gave none. So the episodes
+    # ran in the user's environment, whose tool answers the tool turns above are.
+    rewards = agentic_run.values("reward/mean")
+    assert len(rewards) == RL_STEPS
+    assert all(REWARD_OFFSET <= r <= REWARD_OFFSET + 1 for r in rewards), rewards
 
 
 def test_the_multi_turn_trajectories_train(agentic_run):

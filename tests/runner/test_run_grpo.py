@@ -43,7 +43,8 @@ STOP_AFTER = 4  # SIGINT once step 4 (the second GRPO step) is logged
 STALENESS = 1
 
 
-def _recipe(run_dir: Path) -> dict:
+def grpo_recipe(run_dir: Path) -> dict:
+    """The tiny warm-start + GRPO recipe of these runs (other e2e tests vary it)."""
     return {
         "name": "e2e-grpo",
         "run_dir": str(run_dir),
@@ -77,7 +78,7 @@ def grpo_run():
     # A short folder: Ray's Unix sockets live under <run_dir>/ray.
     root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))
     run_dir = root / "run"
-    recipe = write_recipe(root, _recipe(run_dir))
+    recipe = write_recipe(root, grpo_recipe(run_dir))
     log_file = run_dir / "log.txt"
 
     first = start(recipe, cwd=root)

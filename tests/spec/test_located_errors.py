@@ -107,6 +107,36 @@ CASES = {
         "losses:\n  - kind: ce\n  - kind: mtp\n    target: topk\n",
         ["12:5: losses.1: target 'topk' needs `topk: K` (for example topk: 20)"],
     ),
+    "unknown policy loss": (
+        "losses:\n  - {kind: ce, weight: 0.1}\n  - {kind: grpo, policy_loss: ppo}\n",
+        ["12:31: losses.1.policy_loss: invalid value 'ppo'; allowed: 'clip', 'cispo'"],
+    ),
+    "dual clip bound not above 1": (
+        "losses:\n  - {kind: ce, weight: 0.1}\n  - {kind: grpo, clip_c: 0.5}\n",
+        ["12:26: losses.1.clip_c: input should be greater than 1 (got 0.5)"],
+    ),
+    "dual clip with cispo": (
+        "losses:\n  - kind: ce\n  - kind: grpo\n    policy_loss: cispo\n    clip_c: 3\n",
+        [
+            "12:5: losses.1: `clip_c` (dual-clip) bounds PPO's clipped surrogate and has no "
+            "effect with policy_loss 'cispo': remove clip_c or use policy_loss: clip"
+        ],
+    ),
+    "cispo with a lower clip": (
+        "losses:\n  - kind: ce\n  - {kind: grpo, policy_loss: cispo, clip_low: 0.1}\n",
+        [
+            "12:5: losses.1: policy_loss 'cispo' caps its IS weight at 1 + clip_high only: "
+            "remove `clip_low` (it has no lower bound)"
+        ],
+    ),
+    "tis cap below 1": (
+        "losses:\n  - {kind: grpo, tis_cap: 0.5}\n",
+        ["11:27: losses.0.tis_cap: input should be greater than or equal to 1 (got 0.5)"],
+    ),
+    "unknown ratio level": (
+        "losses:\n  - {kind: grpo, ratio: seq}\n",
+        ["11:25: losses.0.ratio: invalid value 'seq'; allowed: 'token', 'sequence'"],
+    ),
 }
 
 

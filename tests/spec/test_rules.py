@@ -7,7 +7,6 @@ import json
 import pytest
 
 from mtprun.data.tasks import REWARDS, TASKS
-from mtprun.data.templates import CHAT_FORMATS
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 
 TINY = "name: t\nmodel:\n  tiny:\n    hidden: 128\n    heads: 2\n    kv_heads: 1\n"  # 6 lines
@@ -63,6 +62,27 @@ CASES = {
         [
             "8:33: loss_agg seq-mean-token-mean needs whole sequences and parallel.cp 2 splits "
             "them over ranks; use loss_agg: token-mean"
+        ],
+    ),
+    "GSPO's sequence ratio under context parallelism": (
+        RL.replace("[{kind: grpo}]", "[{kind: grpo, ratio: sequence}]") + "parallel: {cp: 2}\n",
+        [
+            "8:30: ratio: sequence (GSPO) averages each sequence's log-ratio and parallel.cp 2 "
+            "splits sequences over ranks; use ratio: token or parallel.cp: 1"
+        ],
+    ),
+    "truncated IS without recomputed old log-probs": (
+        RL.replace("[{kind: grpo}]", "[{kind: grpo, tis_cap: 2}]"),
+        [
+            "8:32: tis_cap weighs each token by pi_old / pi_sampler, which needs the trainer's "
+            "own old log-probs: set rollout.recompute_logprobs: true (or remove tis_cap)"
+        ],
+    ),
+    "sampling rounds without dynamic sampling (warning)": (
+        RL.replace("reward: arithmetic}", "reward: arithmetic, max_sampling_rounds: 3}"),
+        [
+            "7:67: warning: max_sampling_rounds bounds dynamic sampling, which is off: set "
+            "task.drop_uniform_groups: true (or remove max_sampling_rounds)"
         ],
     ),
     "mtp under context parallelism": (
@@ -199,6 +219,12 @@ def test_mtp_terms_validate_under_pipeline_parallelism(write_recipe, located) ->
     assert located(path) == []
 
 
+def test_truncated_is_validates_with_recomputed_logprobs(write_recipe, located) -> None:
+    recipe = RL.replace("[{kind: grpo}]", "[{kind: grpo, tis_cap: 2, clip_c: 3}]")
+    path = write_recipe(recipe + "rollout: {recompute_logprobs: true}\n")
+    assert located(path) == []
+
+
 def test_token_mean_terms_validate_under_context_parallelism(write_recipe, located) -> None:
     path = write_recipe(RL + "parallel: {cp: 2}\n")
     assert located(path) == []
@@ -211,30 +237,6 @@ def test_missing_jsonl_is_resolved_against_the_recipe_folder(write_recipe, locat
     missing.parent.mkdir()
     missing.write_text("")
     assert located(path) == []
-
-
-def test_model_path_with_sampled_mask_warns_about_the_fallback(write_recipe, located) -> None:
-    text = "name: t\nmodel: {path: /models/m}\ndata: {source: arithmetic}\n"
-    path = write_recipe(text)
-    [warning] = located(path)
-    assert warning.startswith(f"{path}:2:15: warning: SFT data is rendered with this model's own")
-    assert "falls back to assistant role spans" in warning
-    assert located(path, ["mask=all"]) == []
-
-
-@pytest.mark.parametrize("saved_as", ["chat_template.jinja", "tokenizer_config.json"])
-def test_model_folder_with_a_known_chat_template_needs_no_fallback(
-    write_recipe, located, tmp_path, saved_as: str
-) -> None:
-    jinja = CHAT_FORMATS["chatml"].jinja
-    model = tmp_path / "model"
-    model.mkdir()
-    content = jinja if saved_as.endswith(".jinja") else json.dumps({"chat_template": jinja})
-    (model / saved_as).write_text(content)
-    path = write_recipe(f"name: t\nmodel: {{path: {model}}}\ndata: {{source: arithmetic}}\n")
-    assert located(path) == []
-    (model / saved_as).write_text(content.replace("im_start", "start"))
-    assert [line.split(": ")[1] for line in located(path)] == ["warning"]
 
 
 def test_an_hf_folder_is_checked_from_its_config(write_recipe, located, tmp_path) -> None:

@@ -7,6 +7,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mtprun.data.environment import (
+    SingleTurn,
+    inserted_messages,
+    make_environment,
+    reset_all,
+    step_all,
+)
 from mtprun.data.messages import Conversation, Message
 
 # A reward scores a finished conversation against its prompt's reference answer, in [0, 1].
@@ -22,13 +29,16 @@ class Prompt:
 class Task(ABC):
     """A source of prompts for RL, and of demonstrations for SFT warm starts.
 
-    The runner's rollout loop per prompt: render `prompt.messages` with a generation prompt,
-    sample an assistant turn, append it, ask `tool_response`; stop on None (or at the
-    recipe's task.max_turns), else append the tool message and sample again. The recipe's
-    task.reward names the reward (see `get_reward`) that scores the finished conversation.
+    The runner's rollout loop per prompt: an `environment` object (one per episode) starts the
+    conversation from the prompt, the policy samples an assistant turn, the environment
+    answers it (see `mtprun.data.environment`), until it says done or task.max_turns is
+    reached. The recipe's task.environment replaces the task's own; task.reward names the
+    reward (see `get_reward`) that scores episodes the environment gives no reward.
     """
 
     name: str
+    # The task's own environment; built-in tool tasks set theirs.
+    environment: type = SingleTurn
 
     @abstractmethod
     def prompts(self, n: int, seed: int) -> list[Prompt]:
@@ -40,20 +50,16 @@ class Task(ABC):
         it."""
         return Message("assistant", prompt.answer)
 
-    def tool_response(self, conversation: Conversation) -> Message | None:
-        """The environment's answer to the last assistant turn, or None when it ends the
-        episode. Tasks without tools always end after one turn."""
-        return None
-
     def demonstration(self, prompt: Prompt, max_turns: int = 8) -> Conversation:
-        """The full conversation the expert has on `prompt`, through the rollout loop."""
-        conversation = prompt.messages
+        """The full conversation the expert has on `prompt` in the task's environment."""
+        env = make_environment(self.environment)
+        (conversation,) = reset_all([env], [prompt])
         for _ in range(max_turns):
             conversation = (*conversation, self.expert_reply(conversation, prompt))
-            tool_message = self.tool_response(conversation)
-            if tool_message is None:
+            (result,) = step_all([env], [conversation])
+            if result.done:
                 return conversation
-            conversation = (*conversation, tool_message)
+            conversation = (*conversation, *inserted_messages(result))
         raise RuntimeError(f"task {self.name}: the expert did not finish in {max_turns} turns")
 
     def sft_examples(self, n: int, seed: int) -> list[Conversation]:

@@ -17,6 +17,7 @@ import random
 import re
 from collections.abc import Callable
 
+from mtprun.data.environment import Environment, EnvStep
 from mtprun.data.messages import Conversation, Message, ToolCall
 from mtprun.data.tasks.base import DrawnTask, Prompt
 
@@ -34,10 +35,22 @@ class CalculatorError(ValueError):
     pass
 
 
+class CalculatorEnvironment(Environment):
+    """Runs the calculator on each call of the model's turn; a turn without calls (the
+    answer) ends the episode. The task's reward scores it (this environment gives none)."""
+
+    def step(self, messages: Conversation) -> EnvStep:
+        calls = messages[-1].tool_calls
+        if not calls:
+            return EnvStep(done=True)
+        return EnvStep([Message("tool", "\n".join(run_tool_call(call) for call in calls))])
+
+
 class CalculatorToolTask(DrawnTask):
     """Prompts `a*b+c` with two-digit factors: hard to do in one's head, easy with the tool."""
 
     name = "calculator_tool"
+    environment = CalculatorEnvironment
 
     def draw(self, rng: random.Random) -> tuple[str, str]:
         a, b, c = rng.randint(10, 99), rng.randint(10, 99), rng.randint(1, 99)
@@ -48,12 +61,6 @@ class CalculatorToolTask(DrawnTask):
             return Message("assistant", prompt.answer)
         expression = prompt.messages[-1].content.removeprefix("What is ").removesuffix("?")
         return Message("assistant", "", (ToolCall(TOOL_NAME, {"expression": expression}),))
-
-    def tool_response(self, conversation: Conversation) -> Message | None:
-        last = conversation[-1]
-        if last.role != "assistant" or not last.tool_calls:
-            return None
-        return Message("tool", "\n".join(run_tool_call(call) for call in last.tool_calls))
 
 
 def run_tool_call(call: ToolCall) -> str:

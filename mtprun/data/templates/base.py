@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from mtprun.data.messages import Message, Role, ToolCall
+from mtprun.data.messages import Message, Role
+from mtprun.data.templates.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TaggedJson
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_TOOL_CALL = re.compile(
-    re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), re.S
-)
+__all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "ChatFormat", "Piece"]
 
 # A newline in the Jinja templates. Literal newlines next to block tags are eaten by the
 # whitespace control (`-%}`) and by transformers' trim_blocks, so they are printed explicitly.
@@ -67,22 +62,4 @@ class ChatFormat(ABC):
         """
         for stop in self.stop_tokens:
             text = text.removesuffix(stop)
-        calls: list[ToolCall] = []
-        for match in _TOOL_CALL.finditer(text):
-            call = _parse_call_json(match.group(1))
-            if call is None:
-                return Message("assistant", text)
-            calls.append(call)
-        content = text.split(TOOL_CALL_OPEN, 1)[0] if calls else text
-        return Message("assistant", content.rstrip("\n") if calls else content, tuple(calls))
-
-
-def _parse_call_json(text: str) -> ToolCall | None:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        return None
-    arguments = raw.get("arguments", {})
-    return ToolCall(raw["name"], arguments) if isinstance(arguments, dict) else None
+        return TaggedJson().parse(text)

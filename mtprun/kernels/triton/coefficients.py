@@ -37,18 +37,45 @@ def of_logprob(w, grad, a, b):
 
 @triton.jit
 def grpo(
-    logp, advantage, old_logp, ref_logp, clip_low, clip_high, kl_coef, KL_ESTIMATOR: tl.constexpr
+    logp,
+    log_ratio,
+    advantage,
+    ref_logp,
+    is_weight,
+    clip_low,
+    clip_high,
+    clip_c,
+    kl_coef,
+    KL_ESTIMATOR: tl.constexpr,
+    CISPO: tl.constexpr,
+    DUAL_CLIP: tl.constexpr,
 ):
-    """PPO-clip objective plus kl_coef * KL to the reference, and its derivative in logp.
+    """The grpo term (mtprun/losses/grpo.py): the policy gradient on r = exp(log_ratio)
+    (PPO-clip with the dual clip, or CISPO), times the truncated IS weight, plus kl_coef * KL
+    to the reference, and its derivative in logp.
 
-    Returns (value, d value / d logp, clipped (1.0 when the clipped branch is active), kl, ratio).
+    Returns (value, d value / d logp, clipped (1.0 where the ratio's gradient is cut), kl,
+    ratio).
     """
-    ratio = tl.exp(logp - old_logp)
-    unclipped = ratio * advantage
-    clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high) * advantage
-    is_clipped = clipped < unclipped
-    value = -tl.minimum(unclipped, clipped)
-    grad = tl.where(is_clipped, 0.0, -unclipped)
+    ratio = tl.exp(log_ratio)
+    if CISPO:
+        weight = tl.minimum(ratio, 1.0 + clip_high)
+        value = -weight * advantage * logp
+        grad = -weight * advantage
+        is_clipped = ratio > 1.0 + clip_high
+    else:
+        unclipped = ratio * advantage
+        clipped = tl.minimum(tl.maximum(ratio, 1.0 - clip_low), 1.0 + clip_high) * advantage
+        surrogate = tl.minimum(unclipped, clipped)
+        is_clipped = clipped < unclipped
+        if DUAL_CLIP:
+            dual = (advantage < 0.0) & (clip_c * advantage > surrogate)
+            surrogate = tl.where(dual, clip_c * advantage, surrogate)
+            is_clipped = is_clipped | dual
+        value = -surrogate
+        grad = tl.where(is_clipped, 0.0, -unclipped)
+    value = value * is_weight
+    grad = grad * is_weight
     kl = 0.0
     if KL_ESTIMATOR == 1:
         kl = logp - ref_logp
@@ -57,9 +84,9 @@ def grpo(
         kl = 0.5 * (logp - ref_logp) * (logp - ref_logp)
         grad += kl_coef * (logp - ref_logp)
     if KL_ESTIMATOR == 3:
-        log_ratio = ref_logp - logp
-        kl = tl.exp(log_ratio) - log_ratio - 1.0
-        grad += kl_coef * (1.0 - tl.exp(log_ratio))
+        log_ref_ratio = ref_logp - logp
+        kl = tl.exp(log_ref_ratio) - log_ref_ratio - 1.0
+        grad += kl_coef * (1.0 - tl.exp(log_ref_ratio))
     value += kl_coef * kl
     return value, grad, is_clipped.to(tl.float32), kl, ratio
 

@@ -10,6 +10,12 @@ For each chunk of policy rows (masked rows already dropped):
 Gradients are complete after the forward (as in Liger's fused linear cross-entropy), so the
 backward only scales them by the incoming gradient. Extra memory is the chunk buffers,
 sized by `chunk_bytes`, whatever N is.
+
+A sequence-level ratio (GSPO) needs the log-probs of every row of a sequence before any
+row's dz: a statistics pass over all chunks comes first (logits GEMM and the kernel's STATS
+mode, exchanged under TP), then GSPO's per-sequence reduction over [R] vectors, then the loop
+above with the kernel in GRAD mode. With one chunk its logits are still in the buffer and
+the policy GEMM is not repeated; with several, each chunk's logits are computed twice.
 """
 
 from __future__ import annotations
@@ -99,14 +105,32 @@ def run_chunks(
         weight=None,
     )
 
-    def logits_phase(c: _Chunk) -> None:
+    def policy_logits(c: _Chunk) -> None:
         torch.mm(policy.student[c.start : c.stop], weight.t(), out=c.buffers[0])
-        for d, (start, stop) in enumerate(c.drafts):
-            torch.mm(drafts[d].student[start:stop], weight.t(), out=c.buffers[1 + d])
         if teacher_hidden is not None:
             torch.mm(teacher_hidden[c.start : c.stop], teacher_weight.t(), out=c.buffers[-1])
 
-    def rows_phase(c: _Chunk) -> None:
+    def logits_phase(c: _Chunk, policy_too: bool) -> None:
+        if policy_too:
+            policy_logits(c)
+        for d, (start, stop) in enumerate(c.drafts):
+            torch.mm(drafts[d].student[start:stop], weight.t(), out=c.buffers[1 + d])
+
+    def policy_rows(c: _Chunk, phase: str) -> None:
+        teacher = c.buffers[-1] if teacher_hidden is not None else None
+        run_rows(
+            c.buffers[0],
+            policy,
+            c.start,
+            c.stop,
+            vocab_offset=vocab_offset,
+            teacher=teacher,
+            teacher_rows=None if teacher is None else _arange_like(teacher),
+            tp_group=tp_group,
+            phase=phase,
+        )
+
+    def rows_phase(c: _Chunk, phase: str) -> None:
         # Draft rows first: they read their teacher rows before the policy kernel
         # overwrites them with dz.
         for d, (start, stop) in enumerate(c.drafts):
@@ -121,17 +145,7 @@ def run_chunks(
                 vocab_offset,
                 tp_group,
             )
-        teacher = c.buffers[-1] if teacher_hidden is not None else None
-        run_rows(
-            c.buffers[0],
-            policy,
-            c.start,
-            c.stop,
-            vocab_offset=vocab_offset,
-            teacher=teacher,
-            teacher_rows=None if teacher is None else _arange_like(teacher),
-            tp_group=tp_group,
-        )
+        policy_rows(c, phase)
 
     def grads_phase(c: _Chunk) -> None:
         spans = [(c.start, c.stop), *c.drafts]
@@ -154,10 +168,18 @@ def run_chunks(
             sizes.append(stop - start)
         return _Chunk(start, stop, spans, [b[:n] for b, n in zip(buffers, sizes, strict=True)])
 
-    for i in range(len(bounds) - 1):
+    num_chunks = len(bounds) - 1
+    sequence_ratio = policy.flags.seq_ratio
+    if sequence_ratio:
+        for i in range(num_chunks):
+            c = chunk(i)
+            policy_logits(c)
+            policy_rows(c, "stats")
+        policy.set_sequence_ratio()
+    for i in range(num_chunks):
         c = chunk(i)
-        logits_phase(c)
-        rows_phase(c)
+        logits_phase(c, policy_too=not sequence_ratio or num_chunks > 1)
+        rows_phase(c, "grad" if sequence_ratio else "all")
         grads_phase(c)
 
     if need_weight_grad and grads.weight is None:

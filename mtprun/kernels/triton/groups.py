@@ -15,6 +15,7 @@ import torch
 
 from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
 from mtprun.kernels.triton import rows as k
+from mtprun.losses import grpo, sampler
 from mtprun.spec.losses import LossAgg, LossTerm
 
 _KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
@@ -29,6 +30,10 @@ class TermFlags:
     grpo: bool = False
     has_old: bool = False
     kl_estimator: int = 0
+    seq_ratio: bool = False
+    cispo: bool = False
+    dual_clip: bool = False
+    tis_cap: float | None = None
     entropy_bonus: bool = False
     teacher: bool = False
     plain: bool = False
@@ -36,6 +41,7 @@ class TermFlags:
     argmax: bool = False
     clip_low: float = 0.0
     clip_high: float = 0.0
+    clip_c: float = 0.0
     kl_coef: float = 0.0
     inv_temperature: float = 1.0
 
@@ -56,6 +62,7 @@ class KernelGroup:
     argmax: bool  # track each row's argmax (the MTP top-1 agreement needs it)
     student: torch.Tensor  # [R, H] student hidden rows (a view when no row is dropped)
     targets: torch.Tensor  # [R] int64 global target ids
+    seq_log_ratio: torch.Tensor | None = None  # [R] GSPO's, set after the statistics pass
     _aggregations: dict[LossAgg, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -76,8 +83,13 @@ class KernelGroup:
         once per aggregation: each is a few launches queued between the first GEMM and the
         kernel, and the token means of the metrics reuse the token-mean one."""
         if loss_agg not in self._aggregations:
+            inputs = self.inputs
             self._aggregations[loss_agg] = aggregation_weights(
-                loss_agg, self.group, self.inputs.cu_seqlens
+                loss_agg,
+                self.group,
+                inputs.cu_seqlens,
+                inputs.norm_length,
+                inputs.tokens_per_sequence,
             )
         return self._aggregations[loss_agg]
 
@@ -110,6 +122,31 @@ class KernelGroup:
     @cached_property
     def ref_logprobs(self) -> torch.Tensor | None:
         return self._gathered(self.inputs.ref_logprobs)
+
+    @cached_property
+    def sampler_logprobs(self) -> torch.Tensor | None:
+        return self._gathered(self.inputs.sampler_logprobs)
+
+    @cached_property
+    def is_weights(self) -> torch.Tensor | None:
+        """[R] truncated IS weights of the grpo term (losses.sampler), or None."""
+        cap = self.flags.tis_cap
+        if cap is None:
+            return None
+        return sampler.tis_weight(self.old_logprobs, self.sampler_logprobs, cap).contiguous()
+
+    def set_sequence_ratio(self) -> None:
+        """GSPO's per-sequence log-ratio from the statistics of every row (after the
+        statistics pass and its exchange): a reduction over [R] vectors."""
+        stats = self.stats
+        column = k.STATS_COLUMNS.index
+        lse = stats[:, column("max")] + stats[:, column("sumexp")].log()
+        logp = stats[:, column("target_logit")] - lse
+        old = logp if self.old_logprobs is None else self.old_logprobs
+        num_sequences = self.inputs.cu_seqlens.shape[0] - 1
+        group = self.group
+        ratio = grpo.sequence_log_ratio(logp - old, group.seq_ids, group.valid, num_sequences)
+        self.seq_log_ratio = ratio.contiguous()
 
     @cached_property
     def stats(self) -> torch.Tensor:
@@ -175,8 +212,13 @@ def term_flags(group: RowGroup, *, has_old: bool, has_ref: bool, argmax: bool) -
                 grpo=True,
                 has_old=has_old,
                 kl_estimator=_KL_ESTIMATORS[term.kl_estimator] if has_ref else 0,
+                seq_ratio=term.ratio == "sequence",
+                cispo=term.policy_loss == "cispo",
+                dual_clip=term.clip_c is not None,
+                tis_cap=term.tis_cap,
                 clip_low=term.clip_low,
                 clip_high=term.clip_high,
+                clip_c=term.clip_c or 0.0,
                 kl_coef=term.kl_coef,
             )
         elif term.kind == "distill":

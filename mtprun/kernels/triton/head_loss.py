@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from mtprun.compiler import HeadPlan
+from mtprun.kernels.combine import sampler_metrics
 from mtprun.kernels.inputs import HeadInputs, row_groups, validate
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.kernels.triton import groups as kg
@@ -33,6 +34,8 @@ def head_loss_triton(
     tp_group: dist.ProcessGroup | None = None,
     teacher_hidden: torch.Tensor | None = None,
     teacher_weight: torch.Tensor | None = None,
+    sampler_logprobs: torch.Tensor | None = None,
+    tokens_per_sequence: float | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> HeadLossOutput:
     """Every term of `plan` in one pass over the vocabulary, with Triton per-row kernels.
@@ -56,6 +59,8 @@ def head_loss_triton(
         cu_seqlens=cu_seqlens,
         teacher_hidden=teacher_hidden,
         teacher_weight=teacher_weight,
+        sampler_logprobs=sampler_logprobs,
+        tokens_per_sequence=tokens_per_sequence,
         tp_rank=tp_rank,
         tp_size=tp_size,
     )
@@ -169,6 +174,9 @@ def _metrics(
             metrics["grpo/kl"] = token_mean("kl")
             metrics["grpo/ratio_mean"] = token_mean("ratio")
     metrics["entropy"] = token_mean("entropy")
+    if policy.sampler_logprobs is not None:
+        old, sampled = policy.old_logprobs, policy.sampler_logprobs
+        metrics.update(sampler_metrics(policy.group, old, sampled, mean_weights))
     mtp = plan.term("mtp")
     if mtp is not None:
         column = k.WEIGHT_COLUMNS.index(kg.weight_column(mtp))

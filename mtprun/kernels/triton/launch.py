@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.distributed as dist
 import triton
@@ -26,9 +28,14 @@ def run_rows(
     teacher: torch.Tensor | None = None,
     teacher_rows: torch.Tensor | None = None,
     tp_group: dist.ProcessGroup | None = None,
+    phase: Literal["all", "stats", "grad"] = "all",
 ) -> None:
     """Rows [start, stop) of `group`, whose logits are `logits` [stop - start, V_local]:
-    statistics, values, and dz written over `logits` in place."""
+    statistics, values, and dz written over `logits` in place.
+
+    phase "stats" only writes the statistics (over the whole vocab: exchanged under TP) and
+    leaves the logits as they are; "grad" then reads them for the values and dz (a
+    sequence-level ratio needs every row's statistics between the two)."""
     n_rows = stop - start
     if n_rows == 0:
         return
@@ -52,10 +59,17 @@ def run_rows(
         group.weights[start:stop],
         *(
             dummy if value is None else value[start:stop]
-            for value in (group.advantages, group.old_logprobs, group.ref_logprobs)
+            for value in (
+                group.advantages,
+                group.old_logprobs,
+                group.ref_logprobs,
+                group.seq_log_ratio,
+                group.is_weights,
+            )
         ),
         flags.clip_low,
         flags.clip_high,
+        flags.clip_c,
         flags.kl_coef,
     )
     block = min(MAX_BLOCK_V, triton.next_power_of_2(vocab_local))
@@ -65,6 +79,10 @@ def run_rows(
         HAS_GRPO=flags.grpo,
         HAS_OLD=flags.has_old,
         KL_ESTIMATOR=flags.kl_estimator,
+        SEQ_RATIO=flags.seq_ratio,
+        CISPO=flags.cispo,
+        DUAL_CLIP=flags.dual_clip,
+        HAS_IS_WEIGHT=flags.tis_cap is not None,
         HAS_ENTROPY_BONUS=flags.entropy_bonus,
         HAS_TEACHER=flags.teacher,
         HAS_PLAIN=flags.plain,
@@ -73,9 +91,12 @@ def run_rows(
         num_warps=NUM_WARPS if block >= 2048 else 4,
     )
     grid = (n_rows,)
-    if tp_group is None:
+    if tp_group is None and phase == "all":
         k.head_rows_kernel[grid](*args, MODE=k.FUSED.value, **constexprs)
         return
-    k.head_rows_kernel[grid](*args, MODE=k.STATS.value, **constexprs)
-    stats.copy_(exchange_stats(stats, tp_group))
-    k.head_rows_kernel[grid](*args, MODE=k.GRAD.value, **constexprs)
+    if phase != "grad":
+        k.head_rows_kernel[grid](*args, MODE=k.STATS.value, **constexprs)
+        if tp_group is not None:
+            stats.copy_(exchange_stats(stats, tp_group))
+    if phase != "stats":
+        k.head_rows_kernel[grid](*args, MODE=k.GRAD.value, **constexprs)

@@ -103,8 +103,11 @@ def head_rows_kernel(
     advantages_ptr,
     old_logprobs_ptr,
     ref_logprobs_ptr,
+    seq_log_ratio_ptr,
+    is_weights_ptr,
     clip_low,
     clip_high,
+    clip_c,
     kl_coef,
     MODE: tl.constexpr,
     HAS_CE: tl.constexpr,
@@ -112,6 +115,10 @@ def head_rows_kernel(
     HAS_GRPO: tl.constexpr,
     HAS_OLD: tl.constexpr,
     KL_ESTIMATOR: tl.constexpr,
+    SEQ_RATIO: tl.constexpr,
+    CISPO: tl.constexpr,
+    DUAL_CLIP: tl.constexpr,
+    HAS_IS_WEIGHT: tl.constexpr,
     HAS_ENTROPY_BONUS: tl.constexpr,
     HAS_TEACHER: tl.constexpr,
     HAS_PLAIN: tl.constexpr,
@@ -120,7 +127,10 @@ def head_rows_kernel(
 ):
     """One row: statistics, then every term's value and coefficients, then dz in place.
 
-    KL_ESTIMATOR: 0 = no reference log-probs, 1/2/3 = k1/k2/k3. HAS_TEACHER: a soft-CE to
+    KL_ESTIMATOR: 0 = no reference log-probs, 1/2/3 = k1/k2/k3. SEQ_RATIO: the grpo ratio is
+    exp(seq_log_ratio[row]) (GSPO; computed from every row's statistics, so GRAD mode only).
+    CISPO / DUAL_CLIP: the grpo policy loss. HAS_IS_WEIGHT: the policy gradient is multiplied
+    by is_weights[row] (truncated importance sampling). HAS_TEACHER: a soft-CE to
     the softmax of teacher_ptr[teacher_rows[row]] * inv_temperature (distillation, MTP soft).
     HAS_PLAIN: adds w p to dz and nothing to the values (the MTP top-k target, whose sparse
     -w q the caller subtracts). ARGMAX: track the row's argmax (MTP top-1 agreement).
@@ -203,8 +213,25 @@ def head_rows_kernel(
         ref = logp
         if KL_ESTIMATOR > 0:
             ref = tl.load(ref_logprobs_ptr + row)
+        log_ratio = logp - old
+        if SEQ_RATIO:
+            log_ratio = tl.load(seq_log_ratio_ptr + row)
+        is_weight = 1.0
+        if HAS_IS_WEIGHT:
+            is_weight = tl.load(is_weights_ptr + row)
         value, grad, clipped, kl, ratio = coef.grpo(
-            logp, advantage, old, ref, clip_low, clip_high, kl_coef, KL_ESTIMATOR
+            logp,
+            log_ratio,
+            advantage,
+            ref,
+            is_weight,
+            clip_low,
+            clip_high,
+            clip_c,
+            kl_coef,
+            KL_ESTIMATOR,
+            CISPO,
+            DUAL_CLIP,
         )
         a, b = coef.of_logprob(tl.load(weights + 2), grad, a, b)
         tl.store(values + 4, value)

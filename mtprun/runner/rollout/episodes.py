@@ -1,16 +1,26 @@
-"""RL episodes: prompts -> sampled turns (tool answers in between) -> trajectories + rewards.
+"""RL episodes: prompts -> sampled turns (environment answers in between) -> trajectories +
+rewards.
 
-Episode k = prompt k // n, sample k % n. Turn 1 asks the engines for n samples per prompt;
-every later turn continues each unfinished episode with one sample, after the task's tool
-answered its previous turn. The trajectory holds what the engines sampled (with the
-log-probs they sampled it with: the old log-probs of the update) and the inserted tool and
-template tokens (never sampled, hence untrained under the `sampled` mask).
+Episode k = prompt k // n, sample k % n; each has its own environment object (the recipe's
+task.environment, else the task's own; see `mtprun.data.environment`). Turn 1 asks the
+engines for n samples per prompt; after every turn the environments answer, and each
+unfinished episode continues with one sample after its environment's messages. The
+trajectory holds what the engines sampled (with the log-probs they sampled it with: the old
+log-probs of the update) and the inserted tool, user and template tokens (never sampled,
+hence untrained under the `sampled` mask). An episode's reward is its environment's, when it
+gave one, else task.reward's score.
+
+DAPO dynamic sampling (`task.drop_uniform_groups`): a group whose rewards are all equal has
+advantage 0 everywhere and teaches the policy gradient nothing; such groups are dropped and
+further rounds of fresh prompts (a pure function of seed, step and round) are sampled until
+`prompts_per_step` groups remain or `max_sampling_rounds` rounds ran. A step left with no
+group keeps its first round (its policy-gradient terms are then 0).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +28,14 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from mtprun.data.batch import PackedBatch
+from mtprun.data.environment import (
+    EnvStep,
+    inserted_messages,
+    load_environment_class,
+    make_environment,
+    reset_all,
+    step_all,
+)
 from mtprun.data.messages import Conversation
 from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer
@@ -38,6 +56,46 @@ class Episodes:
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
     versions: list[int]  # the policy version that sampled each episode (its oldest turn's)
+    sampling_rounds: int = 1  # rounds of prompts sampled for the step (dynamic sampling)
+    dropped_groups: int = 0  # groups of equal rewards dropped (dynamic sampling)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.prompts)
+
+    def groups(self, indices: list[int]) -> Episodes:
+        """The episodes of the prompt groups `indices`, in that order."""
+        n = self.rewards.shape[1]
+        episodes = [g * n + j for g in indices for j in range(n)]
+        return replace(
+            self,
+            prompts=[self.prompts[g] for g in indices],
+            conversations=[self.conversations[k] for k in episodes],
+            trajectories=[self.trajectories[k] for k in episodes],
+            rewards=self.rewards[indices],
+            sampled_tokens=[self.sampled_tokens[k] for k in episodes],
+            truncated=[self.truncated[k] for k in episodes],
+            tool_turns=[self.tool_turns[k] for k in episodes],
+            versions=[self.versions[k] for k in episodes],
+        )
+
+    def informative_groups(self) -> list[int]:
+        """Groups whose rewards are not all equal (the others have advantage 0)."""
+        spread = self.rewards.amax(dim=1) > self.rewards.amin(dim=1)
+        return spread.nonzero().flatten().tolist()
+
+    def __add__(self, other: Episodes) -> Episodes:
+        return replace(
+            self,
+            prompts=self.prompts + other.prompts,
+            conversations=self.conversations + other.conversations,
+            trajectories=self.trajectories + other.trajectories,
+            rewards=torch.cat([self.rewards, other.rewards]),
+            sampled_tokens=self.sampled_tokens + other.sampled_tokens,
+            truncated=self.truncated + other.truncated,
+            tool_turns=self.tool_turns + other.tool_turns,
+            versions=self.versions + other.versions,
+        )
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -49,6 +107,8 @@ class Episodes:
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
             "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
+            "rollout/sampling_rounds": float(self.sampling_rounds),
+            "rollout/dropped_groups": float(self.dropped_groups),
         }
 
     def sample_text(self, limit: int) -> str:
@@ -65,11 +125,13 @@ class Episodes:
 
 @dataclass
 class _Episode:
+    env: Any  # this episode's environment object
     builder: TrajectoryBuilder
     conversation: Conversation
     sampled_tokens: int = 0
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
     tool_turns: int = 0
+    env_reward: float | None = None  # the last reward the environment gave
     version: int | None = None  # the oldest policy version among its sampled turns
 
     def add_turn(self, sample: Any, renderer: Renderer) -> None:
@@ -90,35 +152,61 @@ class EpisodeCollector:
         self.max_tokens = recipe.rollout.max_tokens
         self.seed = recipe.seed
         self.task = get_task(recipe.task.name)
+        self.environment = (
+            load_environment_class(recipe.task.environment)
+            if recipe.task.environment
+            else self.task.environment
+        )
         self.reward = get_reward(recipe.task.reward)
         self.renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 
     def collect(self, step: int) -> Episodes:
+        """The step's episodes: `prompts_per_step` groups (with dynamic sampling, those whose
+        rewards differ, from up to `max_sampling_rounds` rounds)."""
+        section = self.task_section
+        first = self._collect_round(section.prompts_per_step, _step_seed(self.seed, step))
+        if not section.drop_uniform_groups:
+            return first
+        kept = first.groups(first.informative_groups())
+        rounds, sampled = 1, first.num_groups
+        while kept.num_groups < section.prompts_per_step and rounds < section.max_sampling_rounds:
+            missing = section.prompts_per_step - kept.num_groups
+            more = self._collect_round(missing, _step_seed(self.seed, step, rounds))
+            kept, rounds, sampled = (
+                kept + more.groups(more.informative_groups()),
+                rounds + 1,
+                sampled + missing,
+            )
+        if kept.num_groups == 0:
+            kept = first
+        return replace(kept, sampling_rounds=rounds, dropped_groups=sampled - kept.num_groups)
+
+    def _collect_round(self, num_prompts: int, seed: int) -> Episodes:
         section = self.task_section
         n = section.samples_per_prompt
-        prompts = self.task.prompts(section.prompts_per_step, seed=_step_seed(self.seed, step))
-        rendered = [self.renderer.render(p.messages, add_generation_prompt=True) for p in prompts]
-        episodes = [
-            _Episode(TrajectoryBuilder(r), p.messages)
-            for p, r in zip(prompts, rendered, strict=True)
-            for _ in range(n)
-        ]
-        groups = self._generate([r.token_ids.tolist() for r in rendered], n)
-        active, samples = episodes, [s for g in groups for s in g]
+        prompts = self.task.prompts(num_prompts, seed=seed)
+        episodes = self._start([p for p in prompts for _ in range(n)])
+        samples = self._first_samples(episodes, n)
+        active = episodes
         for turn in range(1, section.max_turns + 1):
             for episode, sample in zip(active, samples, strict=True):
                 episode.add_turn(sample, self.renderer)
+            results = step_all([e.env for e in active], [e.conversation for e in active])
+            last_turn = turn == section.max_turns
             active = [
-                e for e in active if self._tool_answers(e, last_turn=turn == section.max_turns)
+                e for e, r in zip(active, results, strict=True) if self._answer(e, r, last_turn)
             ]
             if not active:
                 break
             contexts = [e.builder.build().token_ids.tolist() for e in active]
             samples = [g[0] for g in self._generate(contexts, 1)]
 
-        rewards = [self.reward(e.conversation, prompts[k // n]) for k, e in enumerate(episodes)]
+        rewards = [
+            self.reward(e.conversation, prompts[k // n]) if e.env_reward is None else e.env_reward
+            for k, e in enumerate(episodes)
+        ]
         return Episodes(
             prompts=prompts,
             conversations=[e.conversation for e in episodes],
@@ -130,18 +218,38 @@ class EpisodeCollector:
             versions=[e.version for e in episodes],
         )
 
-    def _tool_answers(self, episode: _Episode, last_turn: bool) -> bool:
-        """Insert the task's answer to the episode's last turn; False when the episode ends."""
-        reply = None if episode.truncated else self.task.tool_response(episode.conversation)
-        if reply is None:
+    def _start(self, prompts: list[Prompt]) -> list[_Episode]:
+        """One episode per prompt (a prompt repeated per sample), its environment reset."""
+        envs = [make_environment(self.environment) for _ in prompts]
+        starts = reset_all(envs, prompts)
+        return [
+            _Episode(env, TrajectoryBuilder(self.renderer.render(s, add_generation_prompt=True)), s)
+            for env, s in zip(envs, starts, strict=True)
+        ]
+
+    def _first_samples(self, episodes: list[_Episode], n: int) -> list[Any]:
+        """The first turn of every episode: n samples per prompt when the environments start
+        each group of n alike (the usual case), else one sample per episode."""
+        contexts = [e.builder.build().token_ids.tolist() for e in episodes]
+        groups = [contexts[k : k + n] for k in range(0, len(contexts), n)]
+        if all(all(c == g[0] for c in g) for g in groups):
+            return [s for g in self._generate([g[0] for g in groups], n) for s in g]
+        return [g[0] for g in self._generate(contexts, 1)]
+
+    def _answer(self, episode: _Episode, result: EnvStep, last_turn: bool) -> bool:
+        """Apply the environment's answer to the episode's last turn; False when it ends."""
+        if result.reward is not None:
+            episode.env_reward = float(result.reward)
+        if result.done or episode.truncated:
             return False
-        inserted = self.renderer.continuation(episode.conversation, [reply])
+        messages = inserted_messages(result)
+        inserted = self.renderer.continuation(episode.conversation, messages)
         context = episode.builder.num_tokens + len(inserted)
         if last_turn or context + self.max_tokens > self.max_model_len:
-            episode.truncated = True  # the tool answered, but no turn (or room) is left
+            episode.truncated = True  # the environment answered, but no turn (or room) is left
             return False
         episode.builder.add_inserted(inserted)
-        episode.conversation = (*episode.conversation, reply)
+        episode.conversation = (*episode.conversation, *messages)
         episode.tool_turns += 1
         return True
 
@@ -162,9 +270,11 @@ class EpisodeCollector:
         )
 
 
-def _step_seed(seed: int, step: int) -> int:
-    # Distinct, reproducible prompts per step: a resumed step sees the same prompts.
-    return random.Random(f"{seed}:{step}").randrange(2**31)
+def _step_seed(seed: int, step: int, sampling_round: int = 0) -> int:
+    # Distinct, reproducible prompts per step (and dynamic-sampling round): a resumed step
+    # sees the same prompts.
+    key = f"{seed}:{step}" if sampling_round == 0 else f"{seed}:{step}:{sampling_round}"
+    return random.Random(key).randrange(2**31)
 
 
 def _message_text(message: Any) -> str:

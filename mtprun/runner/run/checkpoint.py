@@ -6,13 +6,16 @@
       driver.json            the loop's own position (step, stage) and the metrics of the step
     checkpoints/latest       the step number of the newest complete checkpoint
 
-A crash while writing leaves only a `.partial` folder, which is ignored and replaced.
+A crash while writing leaves only a `.partial` folder, which is ignored and replaced. A write
+the filesystem refuses (no space, quota) removes its partial folder and fails the run with
+`CheckpointWriteError`; the newest complete checkpoint stays loadable for `mtprun resume`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from mtprun.runner.run.run_dir import write_json_atomic
@@ -22,6 +25,49 @@ _PREFIX = "step_"
 
 def step_dir(root: Path, step: int) -> Path:
     return root / f"{_PREFIX}{step:06d}"
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint the filesystem would not take; the message says what to do."""
+
+
+def write(root: Path, step: int, fill: Callable[[Path], None], driver_state: dict) -> Path:
+    """Checkpoint `step`: `fill(folder)` writes the state into a partial folder, which is then
+    published. A failure on the way removes the partial folder; an OSError, or any error while
+    the filesystem is full (torch.save reports ENOSPC as a RuntimeError; Ray re-raises a
+    trainer actor's error as a subclass of its type), becomes CheckpointWriteError."""
+    partial = begin(root, step)
+    try:
+        fill(partial)
+        return publish(partial, driver_state)
+    except Exception as error:
+        free_mib = shutil.disk_usage(root).free / 2**20  # before the partial folder goes
+        shutil.rmtree(partial, ignore_errors=True)
+        full = free_mib < _FULL_MIB
+        if isinstance(error, OSError) or full:
+            raise CheckpointWriteError(_refused(root, step, error, free_mib, full)) from error
+        raise
+
+
+_FULL_MIB = 64  # less free space than this after a failed write: the filesystem was full
+
+
+def _refused(root: Path, step: int, error: Exception, free_mib: float, full: bool) -> str:
+    cause = getattr(error, "cause", None) or error  # Ray's task error carries the original
+    reason = getattr(cause, "strerror", None) or str(cause).splitlines()[-1]
+    if full:
+        reason = f"no space left on the filesystem ({reason})"
+    newest = latest(root)
+    kept = (
+        f"checkpoint {newest} is intact"
+        if newest is not None
+        else "no earlier checkpoint exists, so a resume starts over"
+    )
+    return (
+        f"checkpoint of step {step} could not be written under {root}: {reason}, "
+        f"{free_mib:.0f} MiB free there; {kept}. Free space there (or keep fewer: "
+        f"trainer.keep_checkpoints) and continue with `mtprun resume {root.parent}`"
+    )
 
 
 def begin(root: Path, step: int) -> Path:

@@ -275,6 +275,7 @@ class Driver:
                 self._commit(step, result)
                 summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
                 progress.step_done(bar, summary)
+                log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
                 if every and step % every == 0:
                     self._save()
         finally:
@@ -364,9 +365,13 @@ class Driver:
     def _save(self) -> None:
         if self.saved_step == self.step or self.trainer is None:
             return
-        partial = checkpoint.begin(self.run_dir.checkpoints, self.step)
-        self.trainer.save(str(partial))
-        final = checkpoint.publish(partial, {"step": self.step})
+        trainer = self.trainer
+        final = checkpoint.write(
+            self.run_dir.checkpoints,
+            self.step,
+            lambda folder: trainer.save(str(folder)),
+            {"step": self.step},
+        )
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
         log.info("checkpoint: %s", final)

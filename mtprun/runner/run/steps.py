@@ -79,6 +79,8 @@ def grpo_step(
     batches = collector.pack(episodes, recipe.mask, recipe.trainer.micro_batch_tokens)
 
     tick = time.perf_counter()
+    if recipe.rollout.recompute_logprobs:
+        recompute_old_logprobs(trainer, batches)
     if stage.needs_reference:
         references = trainer.logprobs(batches, reference=True)
         for batch, ref in zip(batches, references, strict=True):
@@ -120,6 +122,15 @@ def staleness_metrics(versions: list[int], trainer_version: int, k: int) -> dict
         "rollout/staleness": sum(staleness) / len(staleness),
         "rollout/staleness_max": float(oldest),
     }
+
+
+def recompute_old_logprobs(trainer: TrainerGroup, batches: list[PackedBatch]) -> None:
+    """The trainer's own log-probs of the sampled tokens, under the policy about to be updated,
+    become the old log-probs; the engines' become the sampler log-probs (truncated IS, the
+    logprob_mismatch metric)."""
+    for batch, old in zip(batches, trainer.logprobs(batches), strict=True):
+        batch.sampler_logprobs = batch.old_logprobs
+        batch.old_logprobs = old
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from mtprun.data.batch import PackedBatch
 
 _PER_TOKEN = ("input_ids", "targets", "loss_mask", "position_ids")
-_PER_TARGET = ("advantages", "old_logprobs", "ref_logprobs")
+_PER_TARGET = ("advantages", "old_logprobs", "ref_logprobs", "sampler_logprobs")
 
 
 @dataclass(frozen=True)

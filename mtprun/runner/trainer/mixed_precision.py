@@ -1,8 +1,9 @@
 """bf16 training on CUDA through megatron-core's DistributedDataParallel and optimizer.
 
 The policy's weights are bf16 (what the GPU computes with). Megatron-core's DDP gives every
-parameter a float32 `main_grad` in one contiguous buffer, into which each micro batch's bf16
-gradient is added as soon as it is produced, and sums the buffer over the data-parallel x
+parameter a float32 `main_grad` in one contiguous buffer; the linear layers' weight-gradient
+GEMMs accumulate into it directly (`apex_standins`), the other parameters' bf16 gradients are
+added as soon as they are produced. DDP sums the buffer over the data-parallel x
 context-parallel ranks once per step (the trainer's losses are already weighted by each
 share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-scattered so
 that each rank keeps the slice it steps. Megatron-core's distributed optimizer keeps float32
@@ -23,6 +24,10 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+from mtprun.runner.trainer.apex_standins import (
+    accumulate_wgrad_in_main_grad,
+    use_foreach_multi_tensor_ops,
+)
 from mtprun.runner.trainer.optim import lr_factor
 from mtprun.spec.trainer import TrainerSection
 
@@ -52,6 +57,8 @@ class MegatronMixedPrecision:
             ),
             module=model,
         )
+        accumulate_wgrad_in_main_grad(model)  # after DDP: it gives each weight main_grad
+        use_foreach_multi_tensor_ops()
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
                 optimizer="adam" if trainer.optimizer == "adamw" else "sgd",

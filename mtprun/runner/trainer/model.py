@@ -234,9 +234,9 @@ class PolicyModel(GPTModel):
         # packed_seq: rows are indexed by position id here, so Megatron must not cut the
         # table for a context-parallel rank itself.
         table = self.rotary_pos_emb(self.max_sequence_length, packed_seq=True)
-        rows = PackedRows(
-            mask=packed_attention_mask(cu_seqlens, shard, input_ids.device),
-            angles=table.to(position_ids.device)[position_ids],
+        rows = PackedRows.of(
+            packed_attention_mask(cu_seqlens, shard, input_ids.device),
+            table.to(position_ids.device)[position_ids],
         )
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])

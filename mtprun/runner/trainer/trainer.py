@@ -141,23 +141,31 @@ class Trainer:
         self.model.train()
         self._zero_grad()
         trained = [int(mb.loss_mask.sum()) for mb in micro_batches]
-        tokens, total = self._sum_over_data_parallel(
-            [sum(mb.num_tokens for mb in micro_batches), sum(trained)]
+        tokens, total, sequences = self._sum_over_data_parallel(
+            [
+                sum(mb.num_tokens for mb in micro_batches),
+                sum(trained),
+                sum(_trained_sequences(mb) for mb in micro_batches),
+            ]
         )
+        # Sequence means (seq-mean-* aggregations) over the step's sequences: each micro
+        # batch counts its sequences at the step's rate (head_loss tokens_per_sequence).
+        rate = total / max(sequences, 1)
         # Each micro batch's loss is the token mean over this rank's share of its tokens,
         # so it weighs by that share's trained tokens; the context-parallel ranks' shares
         # add up to the micro batch. A micro batch without trained tokens teaches nothing;
         # every rank skips it alike (shares of it may be empty on some ranks only).
         shares = [
-            (mb, int(mb.loss_mask[self._shard(mb).index].sum()) / total)
+            (mb, int(mb.loss_mask[self._shard(mb).index].sum()) / total, rate)
             for mb, count in zip(micro_batches, trained, strict=True)
             if count
         ]
         reports = run_micro_batches(self.model, shares, self._train_micro_batch)
-        sums = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
+        sums: dict[str, Any] = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
         for report in reports:
             for name, value in report.items():
-                sums[name] += value
+                sums[name] = sums[name] + value
+        sums = dict(zip(sums, _read_floats(list(sums.values())), strict=True))
         self._sum_tied_embedding_grads()
         lr, norms = self._optimizer_step()
         self._refresh_mtp_embedding()
@@ -248,15 +256,17 @@ class Trainer:
                 scheduler.load_state_dict(state["schedulers"][name])
         self.step = int(state["step"])
 
-    def _train_micro_batch(self, item: tuple[PackedBatch, float]) -> Any:
+    def _train_micro_batch(self, item: tuple[PackedBatch, float, float]) -> Any:
         """Pipeline step of train_step: the loss weighted by the micro batch's share of the
-        step's trained tokens, and the loss and metrics so weighted."""
-        batch, share = item
-        out = self._stage_forward(batch.to(self.device), self.plan)
+        step's trained tokens, and the loss and metrics so weighted (the step's trained tokens
+        per trained sequence come along for the sequence means)."""
+        batch, share, tokens_per_sequence = item
+        out = self._stage_forward(batch.to(self.device), self.plan, tokens_per_sequence)
         if not isinstance(out, HeadLossOutput):
             return out
-        report = {"loss": share * float(out.loss.detach())}
-        report.update({name: share * float(value) for name, value in out.metrics.items()})
+        # Detached device scalars: reading them here would stall the GPU before backward.
+        report = {"loss": share * out.loss.detach()}
+        report.update({name: share * value for name, value in out.metrics.items()})
         return out.loss * share, report
 
     def _logprob_micro_batch(self, batch: PackedBatch) -> Any:
@@ -265,9 +275,11 @@ class Trainer:
             return out
         return out.loss, {"logprobs": out.logprobs.float().cpu()}
 
-    def _stage_forward(self, batch: PackedBatch, plan: HeadPlan) -> torch.Tensor | HeadLossOutput:
+    def _stage_forward(
+        self, batch: PackedBatch, plan: HeadPlan, tokens_per_sequence: float | None = None
+    ) -> torch.Tensor | HeadLossOutput:
         """This stage's layers on this rank's share of the tokens; on the last stage, the
-        fused head loss on their output."""
+        fused head loss on their output (tokens_per_sequence: see head_loss)."""
         from mtprun.kernels import head_loss
 
         shard = self._shard(batch)
@@ -291,6 +303,8 @@ class Trainer:
             advantages=local.advantages,
             old_logprobs=local.old_logprobs,
             ref_logprobs=local.ref_logprobs,
+            sampler_logprobs=local.sampler_logprobs if plan.sampler_logprobs else None,
+            tokens_per_sequence=tokens_per_sequence,
             mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
             cu_seqlens=local.cu_seqlens,
             tp_group=self.tp_group,
@@ -366,6 +380,13 @@ class Trainer:
         return gather_row(local.to(self.device), shard, group)
 
 
+def _trained_sequences(batch: PackedBatch) -> int:
+    """Sequences of the packed row with at least one trained token."""
+    bounds = batch.cu_seqlens.long()
+    trained_before = torch.cat([torch.zeros(1, dtype=torch.long), batch.loss_mask.long().cumsum(0)])
+    return int((trained_before[bounds[1:]] > trained_before[bounds[:-1]]).sum())
+
+
 def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
     """Under context parallelism a rank holds pieces of sequences: what needs whole ones is
     refused (the recipe rules say the same)."""
@@ -375,6 +396,11 @@ def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
         raise ValueError(
             f"losses: mtp terms need parallel.cp: 1 (it is {cp}): a draft row t is taught by "
             "the policy's row t+k, which may sit on another context-parallel rank"
+        )
+    if plan.sequence_ratio:
+        raise ValueError(
+            f"losses: the grpo term's ratio 'sequence' (GSPO) needs whole sequences and "
+            f"parallel.cp={cp} splits them; use ratio: token"
         )
     for term in plan.terms:
         if term.loss_agg != "token-mean":
@@ -406,3 +432,10 @@ def _ensure_parallel(recipe: Recipe) -> None:
             "mtprun.runner.trainer.parallel.init_parallel(...) in each of them before Trainer(...)"
         )
     init_parallel(recipe.parallel, 0, 1, "127.0.0.1", free_port(), seed=recipe.seed)
+
+
+def _read_floats(values: list[float | torch.Tensor]) -> list[float]:
+    """The values as floats, the device scalars among them read in one transfer."""
+    tensors = [v.double() for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack(tensors).tolist() if tensors else [])
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
