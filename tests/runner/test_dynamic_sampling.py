@@ -20,6 +20,7 @@ def _episodes(rewards: list[list[float]], tag: str) -> Episodes:
         sampled_tokens=list(range(len(names))),
         truncated=[False] * len(names),
         tool_turns=[0] * len(names),
+        versions=list(range(len(names))),
     )
 
 
@@ -37,5 +38,6 @@ def test_selected_and_joined_groups_keep_their_episodes_and_rewards():
     assert kept.prompts == ["a1", "a2", "b1"]
     assert kept.trajectories == ["a1.0", "a1.1", "a2.0", "a2.1", "b1.0", "b1.1"]
     assert kept.sampled_tokens == [2, 3, 4, 5, 2, 3]
+    assert kept.versions == [2, 3, 4, 5, 2, 3]
     assert kept.rewards.tolist() == [[0, 1], [1, 0], [1, 0]]
     assert kept.num_groups == 3

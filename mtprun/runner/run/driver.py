@@ -3,11 +3,15 @@
 Per RL step: prompts -> rollout engines (n samples each, tool turns in between) -> rewards ->
 group-normalised advantages -> trajectories packed under the mask policy (old log-probs from
 the sampling engine) -> reference log-probs when the KL is on -> one trainer step -> weight
-sync into the engines -> metrics to MLflow. SFT steps only train.
+sync into the engines -> metrics to MLflow. SFT steps only train. The rollouts run in a
+background thread, up to `rollout.max_staleness` steps ahead of the trainer
+(run/rollouts_ahead.py; 0: each step's rollouts wait for the previous step's weights).
 
 The global step (MLflow's step) counts optimizer steps over all stages. A step is committed
 when its metrics are logged; a checkpoint records the last committed step, so a resume runs
-step+1 next: nothing lost, nothing logged twice.
+step+1 next: nothing lost, nothing logged twice. Rollouts generated ahead for steps not yet
+committed are dropped when the loop stops (Ctrl-C, a trainer restart): the next loop
+generates them again from the weights it starts with.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import ray
 from rich.console import Console
@@ -30,11 +35,13 @@ from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.run import checkpoint
 from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.run.progress import RunProgress, summary_line
+from mtprun.runner.run.rollouts_ahead import RolloutsAhead
 from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage, plan_stages
-from mtprun.runner.run.steps import StepResult, grpo_step, sft_step
+from mtprun.runner.run.steps import StepResult, generate_rollout, grpo_step, sft_step
 from mtprun.runner.run.stop import StopRequest
+from mtprun.runner.run.weight_sync import WeightSync
 from mtprun.runner.tracking.tracker import Tracker
 from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe
@@ -65,6 +72,7 @@ class Driver:
         self.saved_step = 0  # last checkpointed global step
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
+        self.sync: WeightSync | None = None  # the trainer's weights into the pool's engines
         self._logged_until = 0  # the newest step MLflow has metrics for (set on resume)
         self.trainer_restarts = 0  # trainer groups started again in this attempt
 
@@ -212,16 +220,23 @@ class Driver:
             resume_from or start_dir,
         )
         self._prepare_trainer(stage, start_dir, resume_from)
+        generate = None
         if stage.kind == "grpo":
             # Engines start from the stage's start folder, which pruning never deletes: Ray
-            # restarts a dead engine with the same arguments. A resumed stage then syncs the
+            # restarts a dead engine with the same arguments. A resumed stage then pushes the
             # checkpoint's weights into them.
-            self.pool = RolloutPool.start(self.recipe, start_dir, self.run_dir.vllm_dir)
-            if resume_from is not None:
-                self.pool.update_weights(self.trainer.weights_ref())
+            self.pool = RolloutPool.start(
+                self.recipe, start_dir, self.run_dir.vllm_dir, version=stage.offset
+            )
             log.info("rollout engines ready: pids %s", self.pool.pids)
+            self.sync = WeightSync(
+                self.recipe.rollout.weight_transfer, lambda: self.trainer, self.pool
+            )
+            if resume_from is not None:
+                self.sync.push()
             collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
-            step_fn = partial(grpo_step, pool=self.pool, collector=collector, stage=stage)
+            generate = partial(generate_rollout, pool=self.pool, collector=collector, stage=stage)
+            step_fn = partial(grpo_step, collector=collector, sync=self.sync, stage=stage)
         else:
             step_fn = partial(sft_step, sft=SftSource(stage.recipe, start_dir), stage=stage)
         bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
@@ -232,29 +247,45 @@ class Driver:
                     self._restart_trainer(stage, start_dir, died)
                     progress.update(bar, completed=self.step - stage.offset)
                     died = None
-                self._run_steps(stage, step_fn, progress, bar)
+                self._run_steps(stage, step_fn, progress, bar, generate)
                 self._save()  # stage end, or a graceful stop: the next attempt goes on here
                 break
             except TrainerDied as err:
                 died = err
         if self.pool is not None:
             self.pool.shutdown()
-            self.pool = None
+            self.pool = self.sync = None
 
     def _run_steps(
-        self, stage: Stage, step_fn: Callable[..., StepResult], progress: RunProgress, bar: TaskID
+        self,
+        stage: Stage,
+        step_fn: Callable[..., StepResult],
+        progress: RunProgress,
+        bar: TaskID,
+        generate: Callable[[int], Any] | None = None,
     ) -> None:
+        """The stage's steps from the next one on; an RL stage's rollouts are generated
+        ahead by `generate` in a background thread (dropped for the steps not reached)."""
         every = self.recipe.trainer.checkpoint_every
-        while self.step < stage.last_step and not self.stop.requested:
-            step = self.step + 1
-            result = step_fn(self.trainer, step=step)  # the current trainer: restarts swap it
-            result.metrics["train/restarts"] = float(self.trainer_restarts)
-            self._commit(step, result)
-            summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
-            progress.step_done(bar, summary)
-            log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
-            if every and step % every == 0:
-                self._save()
+        rollouts = None
+        if generate is not None:
+            staleness = self.recipe.rollout.max_staleness
+            rollouts = RolloutsAhead(generate, staleness, self.step + 1, stage.last_step)
+            step_fn = partial(step_fn, rollouts=rollouts)
+        try:
+            while self.step < stage.last_step and not self.stop.requested:
+                step = self.step + 1
+                result = step_fn(self.trainer, step=step)  # the current trainer: restarts swap it
+                result.metrics["train/restarts"] = float(self.trainer_restarts)
+                self._commit(step, result)
+                summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
+                progress.step_done(bar, summary)
+                log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
+                if every and step % every == 0:
+                    self._save()
+        finally:
+            if rollouts is not None:
+                rollouts.close()
 
     def _restart_trainer(self, stage: Stage, start_dir: Path, died: TrainerDied) -> None:
         """A new trainer group at the newest checkpoint (or the stage's start), the engines
@@ -286,8 +317,8 @@ class Driver:
             else None
         )
         self._prepare_trainer(stage, start_dir, resume_from)
-        if self.pool is not None:  # the engines hold newer weights than the checkpoint
-            self.pool.update_weights(self.trainer.weights_ref())
+        if self.sync is not None:  # the engines hold newer weights than the checkpoint
+            self.sync.push()
 
     def _prepare_trainer(self, stage: Stage, start_dir: Path, resume_from: Path | None) -> None:
         """The stage's Trainer in the (once started) trainer actors, at the checkpoint's state
@@ -300,6 +331,7 @@ class Driver:
         self.trainer.build(
             stage.recipe, str(start_dir), stage.plan.to_json(), stage.needs_reference
         )
+        self.trainer.version = self.step
         if resume_from is not None:
             trained = self.trainer.load(str(resume_from))
             if trained != self.step - stage.offset:
@@ -319,7 +351,7 @@ class Driver:
         for engines in (self.pool, self.trainer):
             if engines is not None:
                 engines.shutdown()
-        self.pool = self.trainer = None
+        self.pool = self.trainer = self.sync = None
 
     def _commit(self, step: int, result: StepResult) -> None:
         if step > self._logged_until:
