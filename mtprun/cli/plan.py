@@ -1,5 +1,5 @@
-"""`mtprun plan RECIPE [KEY=VALUE ...] [--json]`: the fused head-loss plan of a recipe and the
-trainer's estimated memory per rank."""
+"""`mtprun plan RECIPE [KEY=VALUE ...] [--json]`: the fused head-loss plan of a recipe, the
+trainer's estimated memory per rank and, for RL, the shape of the rollout loop."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--json",
         action="store_true",
         help="Print the HeadPlan JSON (HeadPlan.from_json reads it) with the trainer's memory "
-        "per rank in bytes under `trainer_memory` (null when the model shape is unknown).",
+        "per rank in bytes under `trainer_memory` (null when the model shape is unknown) and "
+        "the RL loop's shape under `rollout_loop` (null without a task).",
     )
     parser.add_argument(
         "--head",
@@ -68,13 +69,68 @@ def run(args: argparse.Namespace) -> int:
         # The HeadPlan's own keys (HeadPlan.from_json reads them and ignores this one).
         data = plan.to_dict()
         data["trainer_memory"] = None if isinstance(memory, str) else memory.to_dict()
+        data["rollout_loop"] = _rollout_loop(recipe)
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         cost = _cost(recipe, plan, args.head)
-        Console().print(
-            Group(_overview(recipe, plan, cost), _terms_table(plan), _memory_table(recipe, memory))
-        )
+        parts = [_overview(recipe, plan, cost), _terms_table(plan), _memory_table(recipe, memory)]
+        if recipe.task is not None:
+            parts.append(_loop_table(recipe))
+        Console().print(Group(*parts))
     return 0
+
+
+def _rollout_loop(recipe: Recipe) -> dict | None:
+    """The RL loop's shape: staleness, weight transfer and the bytes it moves per step (each
+    engine receives the whole HF policy in `model.dtype`; null when the shape is unknown)."""
+    from mtprun.compiler.memory import model_size
+
+    if recipe.task is None:
+        return None
+    rollout = recipe.rollout
+    size = model_size(recipe)
+    per_engine = None
+    if not isinstance(size, str):
+        per_engine = size.parameters() * (2 if recipe.model.dtype == "bfloat16" else 4)
+    return {
+        "max_staleness": rollout.max_staleness,
+        "weight_transfer": rollout.weight_transfer,
+        "engines": rollout.num_engines,
+        "sync_bytes_per_engine": per_engine,
+        "sync_bytes_per_step": None if per_engine is None else per_engine * rollout.num_engines,
+    }
+
+
+def _loop_table(recipe: Recipe) -> Table:
+    loop = _rollout_loop(recipe)
+    table = Table(title="RL loop", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    k = loop["max_staleness"]
+    table.add_row(
+        "rollouts",
+        "synchronous: each step samples with the previous step's weights"
+        if k == 0
+        else f"asynchronous: engines generate up to {k} step(s) ahead of the trainer; an "
+        f"episode trains a policy at most {k} optimizer step(s) newer than its sampler",
+    )
+    backend = "NCCL on GPUs, gloo on CPU"
+    table.add_row(
+        "weight transfer",
+        f"collective: trainer rank 0 broadcasts bucketed weights ({backend})"
+        if loop["weight_transfer"] == "collective"
+        else "object store: trainer rank 0 puts the weights in Ray's object store, each "
+        "engine fetches them",
+    )
+    per_engine = loop["sync_bytes_per_engine"]
+    if per_engine is None:
+        moved = "unknown: the model's shape is not known here"
+    else:
+        engines = loop["engines"]
+        total = _mib(per_engine * engines)
+        moved = f"{_mib(per_engine)} per engine x {engines} engine(s) = {total}"
+    table.add_row("weights / step", f"{moved} ({recipe.model.dtype})")
+    return table
 
 
 def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | str:

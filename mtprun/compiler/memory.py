@@ -117,6 +117,11 @@ class ModelSize:
         # linear_qkv (+ bias), linear_proj, linear_fc1 (gate and up), linear_fc2, two norms.
         return h * qkv + bias + self.q_width(tp) * h + 2 * f * h + f * h + 2 * h
 
+    def parameters(self) -> int:
+        """Parameters of the whole model, as its HF folder holds them (a tied output layer
+        once, MTP layers included)."""
+        return _stage_params(self, 1, 1, 0)[0]
+
     def vocab_rows(self, tp: int) -> int:
         """Rows of the embedding / output layer on one tensor-parallel rank."""
         return padded_vocab(self.vocab, tp) // tp

@@ -27,6 +27,19 @@ class RolloutSection(Section):
         None, description="Speculative decoding; null turns it off."
     )
     num_engines: int = Field(1, ge=1, description="Rollout engine replicas.")
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous rollouts: the engines generate the episodes of steps "
+        "t+1..t+k while the trainer trains step t, so an episode is sampled by a policy up to k "
+        "optimizer steps older than the one it trains (0: the synchronous loop).",
+    )
+    weight_transfer: Literal["collective", "object_store"] = Field(
+        "collective",
+        description="How the trainer's weights reach the engines after each step: `collective` "
+        "broadcasts them from trainer rank 0 over a process group (gloo on CPU, NCCL on GPUs); "
+        "`object_store` passes them through Ray's object store.",
+    )
     recompute_logprobs: bool = Field(
         False,
         description="Before each update the trainer recomputes the old log-probs of the "

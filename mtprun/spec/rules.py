@@ -276,6 +276,17 @@ def _speculation_needs_rollouts(r: Recipe) -> Iterator[Issue]:
         )
 
 
+@rule("rollout", "task")
+def _staleness_needs_rollouts(r: Recipe) -> Iterator[Issue]:
+    if r.rollout.max_staleness > 0 and r.task is None:
+        yield Issue(
+            ("rollout", "max_staleness"),
+            "max_staleness lets rollouts run ahead of the trainer, and a recipe without `task:` "
+            "samples nothing (SFT); add a `task:` or drop rollout.max_staleness",
+            "warning",
+        )
+
+
 def _not_split_by(tp: int, shape: ModelShape, names: tuple[str, ...]) -> Iterator[tuple[str, int]]:
     """(name, count) of each of `names` that `tp` ranks cannot split evenly."""
     for name in names:

@@ -321,3 +321,38 @@ def test_schema_to_an_unwritable_place(tmp_path: Path, capsys) -> None:
     target = tmp_path / "missing-folder" / "schema.json"
     assert main(["schema", "-o", str(target)]) == 2
     assert f"cannot write {target}: No such file or directory" in capsys.readouterr().err
+
+
+def test_plan_shows_the_rl_loop_and_the_weights_it_moves(tmp_path, capsys, monkeypatch) -> None:
+    from safetensors.torch import load_file
+
+    from mtprun.data.tokenizer import build_tokenizer
+    from mtprun.models import build_tiny_model
+
+    monkeypatch.setenv("COLUMNS", "200")
+    recipe_path = REPO / "recipes" / "quickstart.yaml"
+    overrides = [
+        "rollout.max_staleness=2",
+        "rollout.num_engines=3",
+        "rollout.weight_transfer=object_store",
+        "model.dtype=bfloat16",
+    ]
+    assert main(["plan", str(recipe_path), *overrides, "--json"]) == 0
+    loop = json.loads(capsys.readouterr().out)["rollout_loop"]
+    # What an engine receives is the HF folder the trainer exports: count its parameters.
+    recipe = load_recipe(recipe_path, overrides)
+    folder = build_tiny_model(recipe.model.tiny, build_tokenizer("char"), tmp_path / "m", seed=0)
+    params = sum(t.numel() for t in load_file(folder / "model.safetensors").values())
+    assert loop == {
+        "max_staleness": 2,
+        "weight_transfer": "object_store",
+        "engines": 3,
+        "sync_bytes_per_engine": params * 2,
+        "sync_bytes_per_step": params * 2 * 3,
+    }
+    assert main(["plan", str(recipe_path), *overrides]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "asynchronous: engines generate up to 2 step(s) ahead of the trainer" in out
+    assert "object store: trainer rank 0 puts the weights in Ray's object store" in out
+    assert main(["plan", str(REPO / "recipes" / "sft-zloss.yaml"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rollout_loop"] is None

@@ -23,6 +23,7 @@ def _episodes(rewards: list[list[float]], tag: str, errors: int = 0) -> Episodes
         sampled_tokens=list(range(len(names))),
         truncated=[False] * len(names),
         tool_turns=[0] * len(names),
+        versions=list(range(len(names))),
         reward_outcomes=outcomes,
         reward_errors=errors,
     )
@@ -42,6 +43,7 @@ def test_selected_and_joined_groups_keep_their_episodes_and_rewards():
     assert kept.prompts == ["a1", "a2", "b1"]
     assert kept.trajectories == ["a1.0", "a1.1", "a2.0", "a2.1", "b1.0", "b1.1"]
     assert kept.sampled_tokens == [2, 3, 4, 5, 2, 3]
+    assert kept.versions == [2, 3, 4, 5, 2, 3]
     assert kept.rewards.tolist() == [[0, 1], [1, 0], [1, 0]]
     assert kept.num_groups == 3
     # Reward components follow their episodes; errors count every episode sampled.

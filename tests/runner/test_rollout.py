@@ -66,7 +66,7 @@ def test_weight_sync_moves_greedy_outputs_to_the_new_weights(
         _assert_matches_hf(before, tiny_qwen2_dir, prompts, tokenizer.eos_token_id)
 
         new_dir = _retrained(tokenizer, tmp_path, "qwen2")
-        seconds = engine.update_weights(load_file(new_dir / "model.safetensors").items())
+        seconds = engine.update_weights(load_file(new_dir / "model.safetensors").items(), version=1)
         after = engine.generate(prompts, n=1)
         counters = engine.spec_decode_counters()
     finally:
@@ -114,7 +114,7 @@ def test_mtp_speculative_decoding_is_lossless_and_syncs_the_drafter(
 
         new_dir = _retrained(tokenizer, tmp_path, "mimo", mtp_layers=1)
         new = load_file(new_dir / "model.safetensors")
-        engine.update_weights(new.items())
+        engine.update_weights(new.items(), version=1)
         (drafter_weight,) = engine.llm.collective_rpc(_drafter_input_proj)
         after = engine.generate(prompts, n=1)
         later = engine.spec_decode_counters()

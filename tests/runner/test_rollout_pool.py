@@ -55,11 +55,12 @@ def test_engine_killed_between_steps_is_restarted_by_the_weight_sync(
         _wait_gone(killed)
 
         new_dir = _retrained(tokenizer, tmp_path, "qwen2")
-        seconds = pool.update_weights(ray.put(load_file(new_dir / "model.safetensors")))
+        seconds = pool.update_weights(ray.put(load_file(new_dir / "model.safetensors")), version=1)
         after = pool.generate(prompts, n=1)
     finally:
         pool.shutdown()
     assert pool.restarts == 1
     assert pool.pids[0] != killed
     assert seconds > 0
+    assert {sample.version for samples in after for sample in samples} == {1}
     _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)

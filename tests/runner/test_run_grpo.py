@@ -1,7 +1,8 @@
 """End to end through the `mtprun` console script on a local Ray instance, real vLLM and
-Megatron-core engines and a real MLflow store: an SFT warm start then GRPO, stopped with
-Ctrl-C (SIGINT) mid-run, resumed, and in the resumed attempt a rollout engine process is
-SIGKILLed (as the OOM killer would) and must be restarted with its prompts retried."""
+Megatron-core engines and a real MLflow store: an SFT warm start then GRPO with asynchronous
+rollouts (`rollout.max_staleness: 1`) and the collective weight transfer, stopped with Ctrl-C
+(SIGINT) mid-run, resumed, and in the resumed attempt a rollout engine process is SIGKILLed
+(as the OOM killer would) and must be restarted with its prompts retried."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.slow
 WARMSTART_STEPS, GRPO_STEPS = 2, 8
 TOTAL = WARMSTART_STEPS + GRPO_STEPS
 STOP_AFTER = 4  # SIGINT once step 4 (the second GRPO step) is logged
+STALENESS = 1
 
 
 def grpo_recipe(run_dir: Path) -> dict:
@@ -59,7 +61,7 @@ def grpo_recipe(run_dir: Path) -> dict:
             "prompts_per_step": 4,
         },
         "losses": [{"kind": "grpo", "kl_coef": 0.01}, {"kind": "entropy"}],
-        "rollout": {"max_tokens": 8},
+        "rollout": {"max_tokens": 8, "max_staleness": STALENESS},
         "trainer": {
             "lr": 1e-4,
             "steps": GRPO_STEPS,
@@ -120,6 +122,17 @@ def test_ctrl_c_stops_cleanly_and_resume_completes_every_step_once(grpo_run):
     assert f"resuming after step {stopped} " in log
 
 
+def test_no_episode_trains_a_policy_more_than_max_staleness_steps_newer(grpo_run):
+    record = RunRecord(grpo_run["run_dir"])
+    oldest = record.values("rollout/staleness_max")
+    mean = record.values("rollout/staleness")
+    assert record.steps("rollout/staleness_max") == list(range(WARMSTART_STEPS + 1, TOTAL + 1))
+    assert max(oldest) == STALENESS  # the rollouts ran ahead of the trainer
+    assert all(0 <= m <= s <= STALENESS for m, s in zip(mean, oldest, strict=True))
+    # Each attempt's first step is sampled by the weights it started from.
+    assert oldest[0] == 0
+
+
 def test_killed_rollout_engine_is_restarted_and_its_prompts_retried(grpo_run):
     log = (grpo_run["run_dir"] / "log.txt").read_text()
     assert f"rollout engine 0 (pid {grpo_run['engine_pid']}) died" in log
@@ -148,6 +161,9 @@ def test_metrics_params_tags_and_artifacts_land_in_mlflow(grpo_run):
         "time/rollout_s",
         "time/train_s",
         "time/sync_s",
+        "time/rollout_wait_s",
+        "time/sync_wait_s",
+        "rollout/staleness",
         "train/loss",
         "train/grpo",
         "train/grpo/clip_frac",

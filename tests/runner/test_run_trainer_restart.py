@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mtprun.runner.run.driver import EXIT_STOPPED
+
 from .cli_run import (
     E2E_TINY,
     RunRecord,
@@ -89,3 +91,27 @@ def test_past_max_restarts_the_run_fails_with_the_cause():
         assert "trainer.max_restarts" in error
     finally:
         shutil.rmtree(run_dir.parent, ignore_errors=True)
+
+
+def test_sigterm_stops_after_a_step_with_a_checkpoint_and_resume_finishes():
+    """Ray's driver replaces the SIGTERM handler when it connects; mtprun's graceful stop must
+    still get the signal (a regression: the run used to die with SystemExit 15, unsaved)."""
+    root = Path(tempfile.mkdtemp(prefix="trm", dir="/tmp"))
+    run_dir = root / "run"
+    try:
+        proc = start(write_recipe(root, _recipe(run_dir, max_restarts=2)), cwd=root)
+        log_file = run_dir / "log.txt"
+        wait_for_log(log_file, r"checkpoint: .*step_000005", proc)
+        os.kill(proc.pid, signal.SIGTERM)
+        code, out = finish(proc)
+        assert code == EXIT_STOPPED, out[-3000:]
+        stopped = re.search(r"stopped after step (\d+); continue with", log_file.read_text())
+        assert stopped, log_file.read_text()[-3000:]
+        assert f"step_{int(stopped[1]):06d}" in log_file.read_text()  # its checkpoint
+        code, out = finish(start("resume", run_dir, cwd=root))
+        assert code == 0, out[-3000:]
+        record = RunRecord(run_dir)
+        assert record.run.info.status == "FINISHED"
+        assert record.steps("train/loss") == list(range(1, STEPS + 1))  # once each
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

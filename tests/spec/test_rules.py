@@ -159,6 +159,13 @@ CASES = {
             "`task:` samples nothing (SFT); add a `task:` or drop rollout.speculative"
         ],
     ),
+    "asynchronous rollouts without rollouts": (
+        SFT + "rollout:\n  max_staleness: 1\n",
+        [
+            "9:18: warning: max_staleness lets rollouts run ahead of the trainer, and a recipe "
+            "without `task:` samples nothing (SFT); add a `task:` or drop rollout.max_staleness"
+        ],
+    ),
     "tp splits an explicit tiny vocab": (
         TINY.replace("kv_heads: 1", "kv_heads: 2\n    vocab: 105")
         + "data: {source: arithmetic}\nparallel:\n  tp: 2\n",

@@ -33,6 +33,7 @@ class Sample:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    version: int  # the policy version that sampled it (the global step of its weights)
 
 
 def configure_vllm_env(work_dir: Path) -> None:
@@ -76,7 +77,9 @@ def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> Non
 class RolloutEngine:
     """vLLM engine over an HF model folder; `generate` takes and returns token ids."""
 
-    def __init__(self, model_dir: Path, rollout: RolloutSection, seed: int, work_dir: Path):
+    def __init__(
+        self, model_dir: Path, rollout: RolloutSection, seed: int, work_dir: Path, version: int = 0
+    ):
         if torch.distributed.is_initialized():
             # vLLM would join that group as its own world and destroy it at shutdown.
             raise RuntimeError(
@@ -87,6 +90,7 @@ class RolloutEngine:
         from vllm import LLM
 
         self.rollout = rollout
+        self.version = version  # of the weights it holds: the global step that made them
         speculative = None
         if rollout.speculative is not None:
             speculative = {
@@ -131,17 +135,19 @@ class RolloutEngine:
         )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        samples = [_sample(c) for out in outputs for c in out.outputs]
+        samples = [_sample(c, self.version) for out in outputs for c in out.outputs]
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def update_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> float:
-        """Load HF-named tensors into the engine (and its MTP drafter); returns seconds."""
+    def update_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
+        """Load HF-named tensors, policy `version`, into the engine (and its MTP drafter);
+        returns seconds."""
         start = time.perf_counter()
         weights = [(name, t.detach()) for name, t in named]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.rollout.speculative is not None:
             self.llm.collective_rpc(_reload_drafter, args=(weights,))
         self.llm.reset_prefix_cache()
+        self.version = version
         return time.perf_counter() - start
 
     def spec_decode_counters(self) -> dict[str, float]:
@@ -195,7 +201,7 @@ def spec_decode_metrics(delta: dict[str, float]) -> dict[str, float]:
     return metrics
 
 
-def _sample(completion: Any) -> Sample:
+def _sample(completion: Any, version: int) -> Sample:
     token_ids = list(completion.token_ids)
     logprobs = [step[tok].logprob for tok, step in zip(token_ids, completion.logprobs, strict=True)]
-    return Sample(token_ids, logprobs, completion.finish_reason or "length")
+    return Sample(token_ids, logprobs, completion.finish_reason or "length", version)

@@ -57,6 +57,7 @@ class Episodes:
     sampled_tokens: list[int]  # tokens the engines produced, per episode
     truncated: list[bool]  # an episode hit max_tokens or max_turns before it ended
     tool_turns: list[int]  # tool answers inserted into each episode
+    versions: list[int]  # the policy version that sampled each episode (its oldest turn's)
     reward_outcomes: list[RewardOutcome]  # what scored each episode (components or error)
     reward_errors: int = 0  # reward errors of the step, dropped groups' included
     sampling_rounds: int = 1  # rounds of prompts sampled for the step (dynamic sampling)
@@ -79,6 +80,7 @@ class Episodes:
             sampled_tokens=[self.sampled_tokens[k] for k in episodes],
             truncated=[self.truncated[k] for k in episodes],
             tool_turns=[self.tool_turns[k] for k in episodes],
+            versions=[self.versions[k] for k in episodes],
             reward_outcomes=[self.reward_outcomes[k] for k in episodes],
         )
 
@@ -97,6 +99,7 @@ class Episodes:
             sampled_tokens=self.sampled_tokens + other.sampled_tokens,
             truncated=self.truncated + other.truncated,
             tool_turns=self.tool_turns + other.tool_turns,
+            versions=self.versions + other.versions,
             reward_outcomes=self.reward_outcomes + other.reward_outcomes,
             reward_errors=self.reward_errors + other.reward_errors,
         )
@@ -150,6 +153,7 @@ class _Episode:
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
     tool_turns: int = 0
     env_reward: float | None = None  # the last reward the environment gave
+    version: int | None = None  # the oldest policy version among its sampled turns
 
     def add_turn(self, sample: Any, renderer: Renderer) -> None:
         """A turn the engine sampled (token ids with their log-probs)."""
@@ -158,6 +162,7 @@ class _Episode:
         message = renderer.parse_assistant(renderer.tokenizer.decode(sample.token_ids))
         self.conversation = (*self.conversation, message)
         self.truncated = sample.finish_reason == "length"
+        self.version = sample.version if self.version is None else min(self.version, sample.version)
 
 
 class EpisodeCollector:
@@ -244,6 +249,7 @@ class EpisodeCollector:
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
             tool_turns=[e.tool_turns for e in episodes],
+            versions=[e.version for e in episodes],
             reward_outcomes=scores.outcomes,
             reward_errors=scores.errors,
         )

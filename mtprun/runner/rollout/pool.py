@@ -3,8 +3,9 @@
 Each engine is a Ray actor with `max_restarts`; when its process dies mid-call (engine crash,
 OOM kill) Ray starts a fresh process from the same arguments, i.e. the stage's initial
 weights. Whatever call noticed the death (generate, weight sync, counters), the pool waits for
-the new process, syncs the current policy weights into it, and sends only that engine's call
-again; results are stored per shard, so no prompt is lost or counted twice. (A restarted
+the new process, brings it to the policy (`resync`: the weights of the last object-store sync,
+or what the run's weight sync installs, see run/weight_sync.py), and sends only that engine's
+call again; results are stored per shard, so no prompt is lost or counted twice. (A restarted
 engine's speculative-decoding counters start from zero.)
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +35,23 @@ class RolloutPool:
         self.actors = actors
         self.max_retries = max_retries
         self.restarts = 0
-        self._weights: Any = None  # ObjectRef of the newest policy weights, for restarted engines
+        self._weights: tuple[Any, int] | None = None  # the last object-store sync: (ref, version)
+        # Brings restarted engine i to the policy; returns the seconds of its weight sync, or
+        # None when it has nothing newer than what the engine started from.
+        self.resync: Callable[[int], float | None] = self._resync_from_object_store
         # Per engine: its pid and its counters at the previous spec_decode_step.
         self._spec_seen: dict[int, tuple[int, dict[str, float]]] = {}
         self.pids = ray.get([a.pid.remote() for a in actors])
 
     @classmethod
-    def start(cls, recipe: Any, policy_dir: Path, work_dir: Path) -> RolloutPool:
-        """`rollout.num_engines` engines on `policy_dir`, each with its own work folder."""
+    def start(cls, recipe: Any, policy_dir: Path, work_dir: Path, version: int = 0) -> RolloutPool:
+        """`rollout.num_engines` engines on `policy_dir` (policy `version`: the global step
+        that made it), each with its own work folder."""
         res, count = recipe.resources, recipe.rollout.num_engines
         remote = ray.remote(RolloutWorker).options(
             num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=MAX_RESTARTS
         )
-        threads = torch_threads(res, count)
+        threads = torch_threads(recipe, count)
         actors = [
             remote.remote(
                 str(policy_dir),
@@ -53,6 +59,7 @@ class RolloutPool:
                 recipe.seed + i,
                 str(work_dir / f"engine{i}"),
                 threads,
+                version,
             )
             for i in range(count)
         ]
@@ -81,6 +88,13 @@ class RolloutPool:
         dies meanwhile is restarted and its call sent again."""
         refs = {i: getattr(self.actors[i], method).remote(*args) for i, args in calls.items()}
         return {i: self._result(i, ref, method, calls[i]) for i, ref in refs.items()}
+
+    def revive(self) -> bool:
+        """Ask every engine whether it lives; restart (and resync) the dead ones. True when
+        one was restarted."""
+        restarts = self.restarts
+        self._on_engines("pid", {i: () for i in range(len(self.actors))})
+        return self.restarts > restarts
 
     def _result(self, i: int, ref: Any, method: str, args: tuple) -> Any:
         for attempt in range(1, self.max_retries + 2):
@@ -111,15 +125,18 @@ class RolloutPool:
         raise AssertionError("unreachable")
 
     def _recover(self, i: int) -> float | None:
-        """Wait for Ray to restart engine i and sync the newest weights into it; returns the
-        sync's seconds (None before the first sync: the restart loaded the stage's weights)."""
+        """Wait for Ray to restart engine i and bring it to the policy; returns the sync's
+        seconds (None when the restart's own weights, the stage's first, are the policy)."""
         self.pids[i] = self._wait_until_up(i)
         self.restarts += 1
-        synced_s = None
-        if self._weights is not None:
-            synced_s = ray.get(self.actors[i].update_weights.remote(self._weights))
+        synced_s = self.resync(i)
         log.warning("rollout engine %d restarted (new pid %s), weights re-synced", i, self.pids[i])
         return synced_s
+
+    def _resync_from_object_store(self, i: int) -> float | None:
+        if self._weights is None:
+            return None
+        return ray.get(self.actors[i].update_weights.remote(*self._weights))
 
     def _wait_until_up(self, i: int) -> int:
         """The pid of engine i once Ray has restarted it (its engine loaded)."""
@@ -132,11 +149,28 @@ class RolloutPool:
                     raise
                 time.sleep(1.0)
 
-    def update_weights(self, weights_ref: Any) -> float:
-        """Sync the policy into every engine; returns the slowest engine's seconds."""
-        self._weights = weights_ref
-        calls = {i: (weights_ref,) for i in range(len(self.actors))}
+    def update_weights(self, weights_ref: Any, version: int) -> float:
+        """Sync policy `version` into every engine through Ray's object store; returns the
+        slowest engine's seconds."""
+        self._weights = (weights_ref, version)
+        calls = {i: (weights_ref, version) for i in range(len(self.actors))}
         return max(self._on_engines("update_weights", calls).values())
+
+    def join_transfer(self, address: tuple[str, int], generation: int) -> list[Any]:
+        """Every engine joins the transfer group's `generation` as member 1 + i (member 0,
+        trainer rank 0, joins beside them); ObjectRefs, ready once the group formed."""
+        world = len(self.actors) + 1
+        return [
+            actor.join_transfer.remote(*address, generation, 1 + i, world)
+            for i, actor in enumerate(self.actors)
+        ]
+
+    def receive_weights(self, version: int) -> list[Any]:
+        """Every engine receives the broadcast trainer rank 0 sends next, as policy `version`;
+        ObjectRefs of (broadcast seconds, reload seconds). Not retried: a broadcast needs its
+        sender, so a death here is for the caller to handle (see run/weight_sync.py)."""
+        self._weights = None  # an older object-store copy must never reach a restarted engine
+        return [actor.receive_weights.remote(version) for actor in self.actors]
 
     def spec_decode_step(self) -> dict[str, float]:
         """Speculative-decoding acceptance since the previous call, summed over engines. The

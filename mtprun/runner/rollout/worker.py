@@ -4,6 +4,7 @@ starts it), so this module imports no engine at import time."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,16 +13,24 @@ import torch
 
 class RolloutWorker:
     """One vLLM engine. Ray restarts it (same arguments) when its process dies; the driver
-    then syncs the current weights into it before retrying its prompts."""
+    then syncs the current weights into it before retrying its prompts, and a collective
+    weight transfer forms its group again with it."""
 
     def __init__(
-        self, model_dir: str, rollout: Any, seed: int, work_dir: str, torch_threads: int | None
+        self,
+        model_dir: str,
+        rollout: Any,
+        seed: int,
+        work_dir: str,
+        torch_threads: int | None,
+        version: int,
     ) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         from mtprun.runner.rollout.engine import RolloutEngine
 
-        self.engine = RolloutEngine(Path(model_dir), rollout, seed, Path(work_dir))
+        self.engine = RolloutEngine(Path(model_dir), rollout, seed, Path(work_dir), version)
+        self.transfer: Any = None  # this engine's membership of the weight-transfer group
 
     def pid(self) -> int:
         return os.getpid()
@@ -37,11 +46,29 @@ class RolloutWorker:
     ) -> list[list[Any]]:
         return self.engine.generate(prompts, n, max_tokens, stop_token_ids, temperature, top_p)
 
-    def update_weights(self, weights: dict[str, torch.Tensor]) -> float:
-        return self.engine.update_weights(weights.items())
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        return self.engine.update_weights(weights.items(), version)
+
+    def join_transfer(self, host: str, port: int, generation: int, rank: int, world: int) -> None:
+        """Member `rank` of the transfer group's `generation` (the engine runs in this process,
+        in-process vLLM: its one worker receives here what a multi-process engine's workers
+        would receive through collective_rpc)."""
+        from mtprun.runner.weight_transfer import TransferGroup
+
+        self.transfer = None  # the previous generation's connections go first
+        self.transfer = TransferGroup.join(host, port, generation, rank, world)
+
+    def receive_weights(self, version: int) -> tuple[float, float]:
+        """The weights trainer rank 0 broadcasts, loaded as policy `version`; returns (seconds
+        in the broadcast, seconds reloading them into vLLM)."""
+        start = time.perf_counter()
+        weights = self.transfer.receive()
+        received_s = time.perf_counter() - start
+        return received_s, self.engine.update_weights(weights, version)
 
     def spec_decode_counters(self) -> dict[str, float]:
         return self.engine.spec_decode_counters()
 
     def shutdown(self) -> None:
+        self.transfer = None
         self.engine.shutdown()

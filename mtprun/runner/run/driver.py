@@ -3,11 +3,15 @@
 Per RL step: prompts -> rollout engines (n samples each, tool turns in between) -> rewards ->
 group-normalised advantages -> trajectories packed under the mask policy (old log-probs from
 the sampling engine) -> reference log-probs when the KL is on -> one trainer step -> weight
-sync into the engines -> metrics to MLflow. SFT steps only train.
+sync into the engines -> metrics to MLflow. SFT steps only train. The rollouts run in a
+background thread, up to `rollout.max_staleness` steps ahead of the trainer
+(run/rollouts_ahead.py; 0: each step's rollouts wait for the previous step's weights).
 
 The global step (MLflow's step) counts optimizer steps over all stages. A step is committed
 when its metrics are logged; a checkpoint records the last committed step, so a resume runs
-step+1 next: nothing lost, nothing logged twice.
+step+1 next: nothing lost, nothing logged twice. Rollouts generated ahead for steps not yet
+committed are dropped when the loop stops (Ctrl-C, a trainer restart): the next loop
+generates them again from the weights it starts with.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import traceback
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import ray
 from rich.console import Console
@@ -27,15 +32,17 @@ from mtprun.models.tiny import build_tiny_model
 from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.run import checkpoint
-from mtprun.runner.run.evaluation import Evaluator, with_evaluation
+from mtprun.runner.run.evaluation import Evaluator
 from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.run.progress import RunProgress, summary_line
 from mtprun.runner.run.ray_session import connect_ray
+from mtprun.runner.run.rollouts_ahead import RolloutsAhead
 from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage, plan_stages
-from mtprun.runner.run.steps import StepResult, grpo_step, sft_step
+from mtprun.runner.run.steps import StepResult, generate_rollout, grpo_step, sft_step
 from mtprun.runner.run.stop import StopRequest
+from mtprun.runner.run.weight_sync import WeightSync
 from mtprun.runner.tracking.tracker import Tracker
 from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe
@@ -67,6 +74,7 @@ class Driver:
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
         self.collector: EpisodeCollector | None = None  # the GRPO stage's episodes and rewards
+        self.sync: WeightSync | None = None  # the trainer's weights into the pool's engines
         self._logged_until = 0  # the newest step MLflow has metrics for (set on resume)
         self.trainer_restarts = 0  # trainer groups started again in this attempt
 
@@ -79,6 +87,7 @@ class Driver:
             self._ensure_model()
             self._check_teachers()
             self._connect_ray(ray_address)
+            self.stop.install()  # again: Ray's driver replaced the SIGTERM handler
             self._resume_position()
             with RunProgress(self.console) as progress:
                 for stage in self.stages:
@@ -198,15 +207,26 @@ class Driver:
             resume_from or start_dir,
         )
         self._prepare_trainer(stage, start_dir, resume_from)
+        generate = None
         if stage.kind == "grpo":
-            policy_dir = resume_from / "hf" if resume_from else start_dir
-            self.pool = RolloutPool.start(self.recipe, policy_dir, self.run_dir.vllm_dir)
+            # Engines start from the stage's start folder, which pruning never deletes: Ray
+            # restarts a dead engine with the same arguments. A resumed stage then pushes the
+            # checkpoint's weights into them.
+            self.pool = RolloutPool.start(
+                self.recipe, start_dir, self.run_dir.vllm_dir, version=stage.offset
+            )
             log.info("rollout engines ready: pids %s", self.pool.pids)
+            self.sync = WeightSync(
+                self.recipe.rollout.weight_transfer, lambda: self.trainer, self.pool
+            )
+            if resume_from is not None:
+                self.sync.push()
             collector = self.collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
-            step_fn = partial(grpo_step, pool=self.pool, collector=collector, stage=stage)
-            if stage.recipe.eval is not None:
-                evaluator = Evaluator(stage.recipe, collector)
-                step_fn = with_evaluation(step_fn, evaluator, stage.last_step)
+            evaluator = Evaluator(stage.recipe, collector) if stage.recipe.eval else None
+            generate = partial(generate_rollout, pool=self.pool, collector=collector, stage=stage)
+            step_fn = partial(
+                grpo_step, collector=collector, sync=self.sync, stage=stage, evaluator=evaluator
+            )
         else:
             step_fn = partial(sft_step, sft=SftSource(stage.recipe, start_dir), stage=stage)
         bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
@@ -217,7 +237,7 @@ class Driver:
                     self._restart_trainer(stage, start_dir, died)
                     progress.update(bar, completed=self.step - stage.offset)
                     died = None
-                self._run_steps(stage, step_fn, progress, bar)
+                self._run_steps(stage, step_fn, progress, bar, generate)
                 self._save()  # stage end, or a graceful stop: the next attempt goes on here
                 break
             except TrainerDied as err:
@@ -225,19 +245,35 @@ class Driver:
         self._stop_engines()
 
     def _run_steps(
-        self, stage: Stage, step_fn: Callable[..., StepResult], progress: RunProgress, bar: TaskID
+        self,
+        stage: Stage,
+        step_fn: Callable[..., StepResult],
+        progress: RunProgress,
+        bar: TaskID,
+        generate: Callable[[int], Any] | None = None,
     ) -> None:
+        """The stage's steps from the next one on; an RL stage's rollouts are generated
+        ahead by `generate` in a background thread (dropped for the steps not reached)."""
         every = self.recipe.trainer.checkpoint_every
-        while self.step < stage.last_step and not self.stop.requested:
-            step = self.step + 1
-            result = step_fn(self.trainer, step=step)  # the current trainer: restarts swap it
-            result.metrics["train/restarts"] = float(self.trainer_restarts)
-            self._commit(step, result)
-            summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
-            progress.step_done(bar, summary)
-            log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
-            if every and step % every == 0:
-                self._save()
+        rollouts = None
+        if generate is not None:
+            staleness = self.recipe.rollout.max_staleness
+            rollouts = RolloutsAhead(generate, staleness, self.step + 1, stage.last_step)
+            step_fn = partial(step_fn, rollouts=rollouts)
+        try:
+            while self.step < stage.last_step and not self.stop.requested:
+                step = self.step + 1
+                result = step_fn(self.trainer, step=step)  # the current trainer: restarts swap it
+                result.metrics["train/restarts"] = float(self.trainer_restarts)
+                self._commit(step, result)
+                summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
+                progress.step_done(bar, summary)
+                log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
+                if every and step % every == 0:
+                    self._save()
+        finally:
+            if rollouts is not None:
+                rollouts.close()
 
     def _restart_trainer(self, stage: Stage, start_dir: Path, died: TrainerDied) -> None:
         """A new trainer group at the newest checkpoint (or the stage's start), the engines
@@ -269,8 +305,8 @@ class Driver:
             else None
         )
         self._prepare_trainer(stage, start_dir, resume_from)
-        if self.pool is not None:  # the engines hold newer weights than the checkpoint
-            self.pool.update_weights(self.trainer.weights_ref())
+        if self.sync is not None:  # the engines hold newer weights than the checkpoint
+            self.sync.push()
 
     def _prepare_trainer(self, stage: Stage, start_dir: Path, resume_from: Path | None) -> None:
         """The stage's Trainer in the (once started) trainer actors, at the checkpoint's state
@@ -283,6 +319,7 @@ class Driver:
         self.trainer.build(
             stage.recipe, str(start_dir), stage.plan.to_json(), stage.needs_reference
         )
+        self.trainer.version = self.step
         if resume_from is not None:
             trained = self.trainer.load(str(resume_from))
             if trained != self.step - stage.offset:
@@ -305,7 +342,7 @@ class Driver:
         for engines in (self.pool, self.trainer if trainer else None):
             if engines is not None:
                 engines.shutdown()
-        self.pool = self.collector = None
+        self.pool = self.collector = self.sync = None
         if trainer:
             self.trainer = None
 

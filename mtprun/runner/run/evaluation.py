@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -77,19 +74,3 @@ class Evaluator:
             metrics[f"eval/pass_at_{k}"] = sum(scores) / len(scores)
         metrics["time/eval_s"] = time.perf_counter() - start
         return metrics
-
-
-def with_evaluation(
-    step_fn: Callable[..., Any], evaluator: Evaluator, last_step: int
-) -> Callable[..., Any]:
-    """`step_fn` followed, on the steps `eval:` asks for, by an evaluation of the policy the
-    step ended with (its metrics join the step's)."""
-
-    @wraps(step_fn)
-    def step(trainer: Any, *, step: int) -> Any:
-        result = step_fn(trainer, step=step)
-        if evaluator.due(step, last_step):
-            result.metrics.update(evaluator.evaluate())
-        return result
-
-    return step

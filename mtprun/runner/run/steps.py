@@ -6,10 +6,13 @@ import time
 from dataclasses import dataclass
 
 from mtprun.data.batch import PackedBatch
-from mtprun.runner.rollout.episodes import EpisodeCollector
+from mtprun.runner.rollout.episodes import EpisodeCollector, Episodes
 from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.run.evaluation import Evaluator
+from mtprun.runner.run.rollouts_ahead import RolloutsAhead
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage
+from mtprun.runner.run.weight_sync import WeightSync
 from mtprun.runner.trainer.group import TrainerGroup
 
 SAMPLE_EPISODES = 8  # episodes per RL step written to MLflow as text
@@ -37,23 +40,46 @@ def sft_step(trainer: TrainerGroup, *, sft: SftSource, stage: Stage, step: int) 
     return StepResult(metrics)
 
 
+@dataclass
+class Rollout:
+    """One step's episodes and what the engines counted while generating them."""
+
+    episodes: Episodes
+    engine_metrics: dict[str, float]
+
+
+def generate_rollout(
+    step: int, *, pool: RolloutPool, collector: EpisodeCollector, stage: Stage
+) -> Rollout:
+    """Step `step`'s episodes (runs in the rollouts-ahead thread: engines only)."""
+    episodes = collector.collect(step)
+    engine_metrics = {}
+    if stage.recipe.rollout.speculative is not None:
+        engine_metrics = pool.spec_decode_step()
+    return Rollout(episodes, engine_metrics)
+
+
 def grpo_step(
     trainer: TrainerGroup,
     *,
-    pool: RolloutPool,
+    rollouts: RolloutsAhead[Rollout],
     collector: EpisodeCollector,
+    sync: WeightSync,
     stage: Stage,
     step: int,
+    evaluator: Evaluator | None = None,
 ) -> StepResult:
-    """Rollouts -> advantages -> (reference log-probs) -> one trainer step -> weight sync."""
+    """Episodes (generated ahead) -> advantages -> (reference log-probs) -> one trainer step
+    -> weight sync once the engines are idle -> on the steps `eval:` asks for, an evaluation
+    of the synced policy (the engines still idle: no rollout of a coming step runs beside)."""
     recipe = stage.recipe
     start = time.perf_counter()
-    episodes = collector.collect(step)
-    rollout_s = time.perf_counter() - start
+    ready = rollouts.take(step)
+    episodes = ready.value.episodes
+    metrics = episodes.metrics(ready.generate_s)
+    metrics.update(ready.value.engine_metrics)
+    metrics.update(staleness_metrics(episodes.versions, trainer.version, rollouts.k))
     batches = collector.pack(episodes, recipe.mask, recipe.trainer.micro_batch_tokens)
-    metrics = episodes.metrics(rollout_s)
-    if recipe.rollout.speculative is not None:
-        metrics.update(pool.spec_decode_step())
 
     tick = time.perf_counter()
     if recipe.rollout.recompute_logprobs:
@@ -65,22 +91,42 @@ def grpo_step(
     metrics.update(_prefixed("train", trainer.train_step(batches)))
     train_s = time.perf_counter() - tick
 
-    tick = time.perf_counter()
-    engine_sync_s = pool.update_weights(trainer.weights_ref())
-    sync_s = time.perf_counter() - tick
+    sync_wait_s = rollouts.before_sync(trainer.version)
+    metrics.update(sync.push())
+    if evaluator is not None and evaluator.due(step, stage.last_step):
+        metrics.update(evaluator.evaluate())
+    rollouts.synced(trainer.version)
     metrics.update(
         {
-            "time/rollout_s": rollout_s,
+            "time/rollout_s": ready.generate_s,
+            "time/rollout_wait_s": ready.wait_s,
             "time/train_s": train_s,
-            "time/sync_s": sync_s,
-            "time/engine_sync_s": engine_sync_s,
+            "time/sync_wait_s": sync_wait_s,
             "time/step_s": time.perf_counter() - start,
             "train/tokens_per_s": _tokens(batches) / train_s,
             "train/trained_token_frac": _trained_fraction(batches),
-            "rollout/engine_restarts": float(pool.restarts),
+            "rollout/engine_restarts": float(sync.pool.restarts),
         }
     )
     return StepResult(metrics, episodes.sample_text(limit=SAMPLE_EPISODES))
+
+
+def staleness_metrics(versions: list[int], trainer_version: int, k: int) -> dict[str, float]:
+    """`rollout/staleness` (mean) and `rollout/staleness_max`: optimizer steps between the
+    policy that sampled each episode and the one it trains; refuses an episode older than k
+    (the schedule never makes one: this guards the guarantee)."""
+    staleness = [trainer_version - v for v in versions]
+    oldest = max(staleness)
+    if oldest > k:
+        raise RuntimeError(
+            f"an episode sampled by policy version {trainer_version - oldest} would train the "
+            f"policy of version {trainer_version}: {oldest} steps stale, more than "
+            f"rollout.max_staleness {k}"
+        )
+    return {
+        "rollout/staleness": sum(staleness) / len(staleness),
+        "rollout/staleness_max": float(oldest),
+    }
 
 
 def recompute_old_logprobs(trainer: TrainerGroup, batches: list[PackedBatch]) -> None:

@@ -16,8 +16,10 @@ class StopRequest:
         self._previous: dict[int, object] = {}
 
     def install(self) -> StopRequest:
+        """Take SIGINT and SIGTERM; again after a library replaced the handlers (Ray's driver
+        sets its own SIGTERM handler, which exits at once), keeping the first previous ones."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._previous.setdefault(sig, signal.signal(sig, self._on_signal))
         return self
 
     def uninstall(self) -> None:

@@ -8,6 +8,7 @@ group from the newest checkpoint (Driver._restart_trainer)."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -25,6 +26,10 @@ class TrainerGroup:
 
     def __init__(self, actors: list[Any], parallel: Any, seed: int) -> None:
         self.actors = actors
+        # With asynchronous rollouts two driver threads call the group (the rollout thread
+        # only to re-sync a restarted engine); every rank must see the calls in one order.
+        self.lock = threading.RLock()
+        self.version = 0  # the global step of the weights it holds (the driver sets it)
         self.dp = parallel.dp
         self.replica = [data_parallel_replica(rank, parallel) for rank in range(len(actors))]
         self.pids = [0] * len(actors)
@@ -39,14 +44,15 @@ class TrainerGroup:
         remote = ray.remote(TrainerWorker).options(
             num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=0
         )
-        threads = torch_threads(res, world)
+        threads = torch_threads(recipe, world)
         return cls([remote.remote(rank, world, threads) for rank in range(world)], par, recipe.seed)
 
     def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
         self._all("build", recipe, model_dir, plan_json, with_reference)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return self._gather([getattr(a, method).remote(*args) for a in self.actors])
+        with self.lock:
+            return self._gather([getattr(a, method).remote(*args) for a in self.actors])
 
     def _gather(self, refs: list[Any]) -> list[Any]:
         """Every rank's result, in rank order; TrainerDied as soon as one rank's process is
@@ -87,22 +93,39 @@ class TrainerGroup:
                 f"{len(micro_batches)} micro batches for {self.dp} data-parallel replicas: "
                 "lower trainer.micro_batch_tokens or raise the batch (task.prompts_per_step)"
             )
-        refs = [
-            actor.train_step.remote(micro_batches[d :: self.dp])
-            for actor, d in zip(self.actors, self.replica, strict=True)
-        ]
-        return self._gather(refs)[-1]
+        with self.lock:
+            refs = [
+                actor.train_step.remote(micro_batches[d :: self.dp])
+                for actor, d in zip(self.actors, self.replica, strict=True)
+            ]
+            metrics = self._gather(refs)[-1]
+            self.version += 1
+        return metrics
 
     def logprobs(self, batches: list[Any], reference: bool = False) -> list[Any]:
         return self._all("logprobs", batches, reference)[-1]
 
     def weights_ref(self) -> Any:
         """ObjectRef of the full HF weights (rank 0's), for the rollout engines to fetch."""
-        refs = [a.hf_state_dict.remote() for a in self.actors]
-        self._gather(refs[1:])  # None each; rank 0's weights stay in Ray's object store
-        ray.wait(refs[:1])
-        self._gather([self.actors[0].pid.remote()])  # rank 0 alive: its weights are real
-        return refs[0]
+        with self.lock:
+            refs = [a.hf_state_dict.remote() for a in self.actors]
+            self._gather(refs[1:])  # None each; rank 0's weights stay in Ray's object store
+            ray.wait(refs[:1])
+            self._gather([self.actors[0].pid.remote()])  # rank 0 alive: its weights are real
+            return refs[0]
+
+    def transfer_address(self) -> tuple[str, int]:
+        """Where the engines join rank 0's weight-transfer group."""
+        return self._gather([self.actors[0].transfer_address.remote()])[0]
+
+    def form_transfer(self, generation: int, world_size: int) -> Any:
+        """Rank 0 joins the group's `generation`: an ObjectRef, ready once every member did."""
+        return self.actors[0].form_transfer.remote(generation, world_size)
+
+    def send_weights(self) -> int:
+        """Broadcast the weights from rank 0 to the transfer group (its members receive at
+        the same time); returns the bytes each member got."""
+        return self._all("send_weights")[0]
 
     def save(self, folder: str) -> None:
         self._all("save", folder)

@@ -28,6 +28,7 @@ class TrainerWorker:
         self.model_dir: Path | None = None
         self.trainer: Any = None
         self.reference: Any = None
+        self.transfer: Any = None  # rank 0: the weight-transfer store and group (TransferHost)
 
     def pid(self) -> int:
         """This rank's process id; answering at all says the process lives."""
@@ -72,6 +73,27 @@ class TrainerWorker:
         weights = self.trainer.hf_state_dict()
         return weights if self.rank == 0 else None
 
+    def transfer_address(self) -> tuple[str, int]:
+        """Rank 0: where the engines join the weight-transfer group (a TCP store, started on
+        the first call and kept for the process's life)."""
+        import ray
+
+        from mtprun.runner.weight_transfer import TransferHost
+
+        if self.transfer is None:
+            self.transfer = TransferHost(ray.util.get_node_ip_address(), free_port())
+        return self.transfer.address
+
+    def form_transfer(self, generation: int, world_size: int) -> None:
+        """Rank 0: member 0 of the transfer group's `generation` (the engines join at once)."""
+        self.transfer.form(generation, world_size)
+
+    def send_weights(self) -> int | None:
+        """Every rank gathers the full HF weights (a collective); rank 0 broadcasts them to
+        the engines and returns the bytes each one received."""
+        weights = self.trainer.hf_state_dict()
+        return self.transfer.group.send(weights) if self.rank == 0 else None
+
     def save(self, folder: str) -> None:
         """Write this rank's trainer state and (rank 0) the policy as an HF folder."""
         target = Path(folder)
@@ -90,4 +112,5 @@ class TrainerWorker:
     def shutdown(self) -> None:
         from mtprun.runner.trainer.parallel import destroy_parallel
 
+        self.transfer = None
         destroy_parallel()

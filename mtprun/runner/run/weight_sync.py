@@ -1,0 +1,93 @@
+"""The trainer's weights into every rollout engine after an optimizer step.
+
+`collective` (the default): trainer rank 0 broadcasts the gathered HF weights over the
+transfer group (mtprun/runner/weight_transfer.py), formed again whenever its members changed
+(a restarted engine or trainer is a new process: it joins the next generation of the group).
+`object_store`: rank 0 puts them into Ray's object store and each engine fetches them.
+
+An engine restarted mid-step is brought to the trainer's current weights through the object
+store (the broadcast needs every member; the engine rejoins the group at the next sync); a
+broadcast that fails because an engine died is finished the same way for that step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
+
+log = logging.getLogger("mtprun")
+
+
+class WeightSync:
+    def __init__(self, method: str, trainer: Callable[[], TrainerGroup], pool: RolloutPool):
+        self.method = method
+        self._trainer = trainer  # the current group: a trainer restart replaces it
+        self.pool = pool
+        self._generation = 0
+        self._members: tuple[int, ...] | None = None  # pids of the formed group's members
+        if method == "collective":
+            pool.resync = self._resync_from_trainer
+
+    def push(self) -> dict[str, float]:
+        """The trainer's weights (policy version `trainer.version`) into every engine; the
+        driver-side seconds and the slowest engine's seconds inside vLLM."""
+        trainer = self._trainer()
+        start = time.perf_counter()
+        if self.method == "collective":
+            engine_s = self._broadcast(trainer)
+        else:
+            engine_s = self.pool.update_weights(trainer.weights_ref(), trainer.version)
+        return {"time/sync_s": time.perf_counter() - start, "time/engine_sync_s": engine_s}
+
+    def _broadcast(self, trainer: TrainerGroup) -> float:
+        self.pool.revive()  # a dead member would hold the group's formation until its timeout
+        if self._members != (trainer.pids[0], *self.pool.pids):
+            self._form(trainer)
+        receipts = self.pool.receive_weights(trainer.version)
+        try:
+            trainer.send_weights()
+            return max(reload_s for _, reload_s in ray.get(receipts))
+        except TrainerDied:
+            raise
+        except Exception as err:
+            if not self.pool.revive():
+                raise
+            log.warning(
+                "a rollout engine died during the weight broadcast (%s); this step's weights "
+                "go through the object store, the group forms again at the next sync",
+                type(err).__name__,
+            )
+            self._members = None
+            return self.pool.update_weights(trainer.weights_ref(), trainer.version)
+
+    def _form(self, trainer: TrainerGroup) -> None:
+        """A new generation of the transfer group: trainer rank 0 and every engine."""
+        self._generation += 1
+        address = trainer.transfer_address()
+        world = len(self.pool.actors) + 1
+        refs = [trainer.form_transfer(self._generation, world)]
+        refs += self.pool.join_transfer(address, self._generation)
+        ray.get(refs)
+        self._members = (trainer.pids[0], *self.pool.pids)
+        log.info(
+            "weight-transfer group %d formed: trainer rank 0 and %d engine(s) at %s:%d",
+            self._generation,
+            world - 1,
+            *address,
+        )
+
+    def _resync_from_trainer(self, engine: int) -> float:
+        """A restarted engine gets the trainer's current weights (waiting for a step in
+        progress: never a half-updated model), as the version they are."""
+        trainer = self._trainer()
+        with trainer.lock:
+            ref, version = trainer.weights_ref(), trainer.version
+        actor: Any = self.pool.actors[engine]
+        return ray.get(actor.update_weights.remote(ref, version))

@@ -1,0 +1,166 @@
+"""Weights from trainer rank 0 to the rollout engines over a collective: both ends of it.
+
+The transfer group is a process group of its own (gloo on CPU, NCCL on GPUs) built straight
+from a TCP store that trainer rank 0 hosts: member 0 is trainer rank 0, member 1 + i is
+engine i. It touches neither the trainer's default group nor the one vLLM makes inside the
+engine process. Its membership is fixed when it forms, so a restarted engine (or trainer)
+means a new group: each formation is a `generation` with its own key prefix in the one store.
+
+One send is a JSON header (names, dtypes, shapes: the engines need no layout beforehand)
+then the tensors' bytes packed back to back into buckets of at most `BUCKET_BYTES`, each one
+broadcast. Bytes, not typed tensors: every dtype travels (gloo has no bfloat16 reduction
+types, a broadcast needs none) and arrives bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+BUCKET_BYTES = 256 << 20  # bounds the sender's and the receiver's staging buffers
+_ALIGN = 16  # each tensor starts at a multiple of this many bytes, so its typed view is legal
+_TIMEOUT = timedelta(minutes=10)  # a member that never answers fails the send instead of hanging
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one tensor lies in the packed stream: bucket, byte offset and its metadata."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return _numel(self.shape) * self.dtype.itemsize
+
+
+def plan_buckets(
+    layout: list[tuple[str, str, list[int]]], bucket_bytes: int = BUCKET_BYTES
+) -> tuple[list[TensorSlot], list[int]]:
+    """Slots for (name, dtype, shape) in order and the byte size of each bucket. A tensor
+    larger than a bucket gets a bucket of its own."""
+    slots: list[TensorSlot] = []
+    sizes: list[int] = [0]
+    for name, dtype_name, shape in layout:
+        dtype = getattr(torch, dtype_name)
+        nbytes = _numel(shape) * dtype.itemsize
+        offset = _aligned(sizes[-1])
+        if sizes[-1] > 0 and offset + nbytes > bucket_bytes:
+            sizes.append(0)
+            offset = 0
+        slots.append(TensorSlot(name, dtype, tuple(shape), len(sizes) - 1, offset))
+        sizes[-1] = offset + nbytes
+    return slots, sizes
+
+
+class TransferGroup:
+    """This process's membership of one generation of the transfer group."""
+
+    def __init__(self, store: dist.Store, generation: int, rank: int, world_size: int) -> None:
+        prefixed = dist.PrefixStore(f"mtprun-weights/{generation}", store)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if _cuda() else None
+        if self.device is None:
+            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, _TIMEOUT)
+        else:
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = _TIMEOUT
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
+
+    @classmethod
+    def join(
+        cls, host: str, port: int, generation: int, rank: int, world_size: int
+    ) -> TransferGroup:
+        """Member `rank` (1..) joins through the store trainer rank 0 hosts at host:port."""
+        store = dist.TCPStore(host, port, is_master=False, timeout=_TIMEOUT)
+        return cls(store, generation, rank, world_size)
+
+    def send(self, weights: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> int:
+        """Broadcast `weights` from member 0; returns the bytes sent to each member."""
+        layout = [(name, _dtype_name(t.dtype), list(t.shape)) for name, t in weights.items()]
+        header = {"layout": layout, "bucket_bytes": bucket_bytes}
+        self._broadcast_bytes(json.dumps(header).encode())
+        slots, sizes = plan_buckets(layout, bucket_bytes)
+        device = self.device or next(iter(weights.values())).device
+        for bucket, size in enumerate(sizes):
+            flat = torch.empty(size, dtype=torch.uint8, device=device)
+            for slot in slots:
+                if slot.bucket == bucket:
+                    source = weights[slot.name].detach().contiguous().reshape(-1)
+                    flat[slot.offset : slot.offset + slot.nbytes].copy_(source.view(torch.uint8))
+            self._broadcast(flat)
+        return sum(sizes)
+
+    def receive(self) -> list[tuple[str, torch.Tensor]]:
+        """The tensors member 0 sends, as views into the received buckets."""
+        header = json.loads(self._broadcast_bytes(None).decode())
+        slots, sizes = plan_buckets(header["layout"], header["bucket_bytes"])
+        device = self.device or torch.device("cpu")
+        buckets = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
+        for flat in buckets:
+            self._broadcast(flat)
+        return [
+            (
+                slot.name,
+                buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
+                .view(slot.dtype)
+                .view(slot.shape),
+            )
+            for slot in slots
+        ]
+
+    def _broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """A byte string from member 0 (payload there, None elsewhere): length, then bytes."""
+        device = self.device or torch.device("cpu")
+        length = torch.tensor([len(payload) if payload is not None else 0], device=device)
+        self._broadcast(length)
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        if payload is not None:
+            data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        self._broadcast(data)
+        return bytes(data.cpu().numpy())
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+
+
+class TransferHost:
+    """Trainer rank 0's side: the store every generation rendezvouses in (one per process,
+    on a free port), and its current membership."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address = (host, port)
+        self.store = dist.TCPStore(
+            host, port, is_master=True, wait_for_workers=False, timeout=_TIMEOUT
+        )
+        self.group: TransferGroup | None = None
+
+    def form(self, generation: int, world_size: int) -> None:
+        """Form `generation` as member 0; returns when every member joined it."""
+        self.group = None  # the previous generation's connections go first
+        self.group = TransferGroup(self.store, generation, 0, world_size)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def _numel(shape: tuple[int, ...] | list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // _ALIGN) * _ALIGN
