@@ -31,6 +31,12 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # within bf16 rounding swap a token against the float64 reference, which moves that row's
 # draft gradient by O(1/k) (measured 0.07 relative on the mtp_hidden gradient).
 TOPK_BF16_TOLERANCE = 0.1
+# The dual clip makes a negative-advantage row's gradient jump from -r A to 0 where its ratio
+# crosses clip_c (1.2 here, where the rows' log-ratios are densest): rows within bf16 logit
+# rounding of it decide differently from the float64 reference. Measured on an H100 at 100%
+# active: 0.156 relative on the hidden gradient (about 9 of 384 rows); float32 and the
+# sparser batches meet 2e-2.
+DUAL_CLIP_BF16_TOLERANCE = 0.2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -46,6 +52,8 @@ def test_matches_reference_on_gpu(name: str, active: float, dtype: torch.dtype) 
     tol = TOLERANCE[dtype]
     if name == "mtp_topk" and dtype == torch.bfloat16:
         tol = TOPK_BF16_TOLERANCE
+    if name == "dual_clip" and dtype == torch.bfloat16:
+        tol = DUAL_CLIP_BF16_TOLERANCE
     assert_matches_reference(head_loss_triton, plan, batch, tol, chunk_bytes=chunk_bytes)
     # The public entry point dispatches CUDA tensors to the same kernels.
     assert_matches_reference(head_loss, plan, batch, tol)

@@ -42,7 +42,9 @@ def run_rows(
     flags = group.flags
     vocab_local = logits.shape[1]
     stats = group.stats[start:stop]
-    dummy = group.targets  # any tensor: pointers of disabled inputs are never read
+    # Pointers of disabled inputs are never read, but the compiler types what they would
+    # load: float inputs get a float32 stand-in (an int64 one fails tl.exp at compile time).
+    dummy, float_dummy = group.targets, stats
     teacher_arg = teacher if teacher is not None else logits
     args = (
         logits,
@@ -58,7 +60,7 @@ def run_rows(
         group.values[start:stop],
         group.weights[start:stop],
         *(
-            dummy if value is None else value[start:stop]
+            float_dummy if value is None else value[start:stop]
             for value in (
                 group.advantages,
                 group.old_logprobs,
