@@ -1,8 +1,9 @@
 """A user's own task end to end through the `mtprun` console script (real Ray, vLLM,
 Megatron-core, MLflow): prompts from the example parquet file with a column mapping and a
 held-out split, an SFT warm start read from the same file, a reward function from a user file
-(the example's, wrapped to raise on some prompts), `eval:` every 2 steps and at the end, and
-`mtprun eval` on the saved checkpoint afterwards."""
+(the example's, wrapped to raise on some prompts), `eval:` every 2 steps and at the end with
+rollouts generated a step ahead (`max_staleness: 1`: each evaluation runs between the weight
+sync and the next rollouts), and `mtprun eval` on the saved checkpoint afterwards."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def _recipe(run_dir: Path) -> dict:
         },
         "eval": {"every": 2, "samples": EVAL_SAMPLES, "pass_k": [1, 2], "temperature": 0.7},
         "losses": [{"kind": "grpo"}],
-        "rollout": {"max_tokens": 6},
+        "rollout": {"max_tokens": 6, "max_staleness": 1},
         "trainer": {"lr": 1e-4, "steps": STEPS, "micro_batch_tokens": 512},
         "resources": {"num_cpus": 2},
     }
@@ -100,6 +101,7 @@ def test_eval_runs_every_2_steps_and_at_the_end_on_the_heldout_rows(user_run):
     for key in ("eval/pass_at_1", "eval/pass_at_2", "eval/reward/mean", "eval/reward/errors"):
         assert record.steps(key) == [2, total, total], key
     assert set(record.values("eval/prompts")) == {HELDOUT}
+    assert max(record.values("rollout/staleness_max")) == 1  # asynchronous beside evaluation
     history = {
         key: {
             (m.step, m.timestamp): m.value
