@@ -13,7 +13,7 @@ import pytest
 
 from mtprun.data.messages import Message
 from mtprun.data.tasks import Prompt
-from mtprun.runner.rollout.rewards import EpisodeScorer, RewardFailed
+from mtprun.runner.rollout.rewards import EpisodeScorer, RewardFailed, component_means
 
 REWARD_FILE = '''
 import asyncio, math, os, time
@@ -65,8 +65,8 @@ def test_components_and_errors_are_counted_and_errors_scored_on_error(reward_fil
         assert "the reward is nan (not finite)" in errors["nan"]
         assert "process died (exit code 3)" in errors["die"]
         assert "the reward is a str ('1.0')" in errors["text"]
-        metrics = scores.metrics()
-        assert metrics == {"reward/correct": 2 / 3, "reward/length": 2.0, "reward/errors": 5.0}
+        assert component_means(scores.outcomes) == {"reward/correct": 2 / 3, "reward/length": 2.0}
+        assert scores.errors == 5
         # The workers killed for the hang and the death were replaced: the pool still scores.
         again = scorer.score(*_episodes(["42", "0"]))
         assert again.totals == [1.5, 0.5] and again.errors == 0
@@ -98,7 +98,7 @@ def test_async_rewards_run_in_parallel_workers(reward_file) -> None:
     finally:
         scorer.close()
     assert scores.totals == [3.0, 4.0, 5.0, 6.0]
-    assert scores.metrics() == {"reward/errors": 0.0}
+    assert component_means(scores.outcomes) == {} and scores.errors == 0
 
 
 def test_closing_stops_every_worker(reward_file) -> None:
@@ -119,7 +119,8 @@ def test_rewards_an_environment_gave_are_kept_and_the_rest_scored(reward_file) -
     assert scores.totals == [0.25, 1.5, -1.0, -1.0]
     assert "the environment's reward is nan (not finite)" in scores.outcomes[2].error
     # Components come from the episodes the reward function scored.
-    assert scores.metrics() == {"reward/correct": 1.0, "reward/length": 2.0, "reward/errors": 2.0}
+    assert component_means(scores.outcomes) == {"reward/correct": 1.0, "reward/length": 2.0}
+    assert scores.errors == 2
 
 
 def test_without_a_reward_an_episode_the_environment_did_not_reward_is_an_error() -> None:

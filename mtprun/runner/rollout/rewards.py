@@ -52,7 +52,7 @@ class RewardOutcome:
 
 @dataclass
 class Scores:
-    """The rewards of a batch of episodes: totals (errors scored `on_error`) and metrics."""
+    """The rewards of a batch of episodes: totals (errors scored `on_error`) and outcomes."""
 
     totals: list[float]
     outcomes: list[RewardOutcome]
@@ -60,10 +60,6 @@ class Scores:
     @property
     def errors(self) -> int:
         return sum(o.error is not None for o in self.outcomes)
-
-    def metrics(self) -> dict[str, float]:
-        """`reward/errors` and `reward/<component>` (see component_means)."""
-        return {**component_means(self.outcomes), "reward/errors": float(self.errors)}
 
 
 def component_means(outcomes: Sequence[RewardOutcome]) -> dict[str, float]:
