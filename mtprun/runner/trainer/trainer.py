@@ -383,7 +383,8 @@ class Trainer:
 def _trained_sequences(batch: PackedBatch) -> int:
     """Sequences of the packed row with at least one trained token."""
     bounds = batch.cu_seqlens.long()
-    trained_before = torch.cat([torch.zeros(1, dtype=torch.long), batch.loss_mask.long().cumsum(0)])
+    trained = batch.loss_mask.long().cumsum(0)
+    trained_before = torch.cat([trained.new_zeros(1), trained])
     return int((trained_before[bounds[1:]] > trained_before[bounds[:-1]]).sum())
 
 
