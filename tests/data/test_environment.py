@@ -47,7 +47,7 @@ class WrongFirst:
 
     def expert_reply(self, conversation, prompt):
         tried = any(m.content == "No, try again." for m in conversation)
-        return Message("assistant", prompt.answer if tried else "0")
+        return Message("assistant", prompt.answer if tried else "?")  # never an answer
 
 
 def test_plain_and_async_environments_step_together() -> None:
