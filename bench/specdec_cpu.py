@@ -34,7 +34,7 @@ def measure(model_dir: Path, speculative: bool, batch: int, repeats: int, max_to
 
     from mtprun.data.render import Renderer
     from mtprun.data.tasks import get_task
-    from mtprun.runner.rollout.engine import RolloutEngine, spec_decode_metrics
+    from mtprun.runner.rollout.engine import RolloutEngine, Sampling, spec_decode_metrics
     from mtprun.spec.rollout import RolloutSection
 
     renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
@@ -50,13 +50,13 @@ def measure(model_dir: Path, speculative: bool, batch: int, repeats: int, max_to
     with tempfile.TemporaryDirectory() as work:
         engine = RolloutEngine(model_dir, section, seed=0, work_dir=Path(work))
         try:
-            stop = renderer.stop_token_ids
-            engine.generate(token_ids, n=1, stop_token_ids=stop)  # warm-up
+            sampling = Sampling(stop_token_ids=tuple(renderer.stop_token_ids))
+            engine.generate(token_ids, n=1, sampling=sampling)  # warm-up
             before = engine.spec_decode_counters()
             rates = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                samples = engine.generate(token_ids, n=1, stop_token_ids=stop)
+                samples = engine.generate(token_ids, n=1, sampling=sampling)
                 seconds = time.perf_counter() - start
                 rates.append(sum(len(s[0].token_ids) for s in samples) / seconds)
             after = engine.spec_decode_counters()

@@ -74,6 +74,20 @@ def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> Non
     )
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """One generate call's sampling: overrides of the rollout section (None: the section's
+    value) and the tokens that end a turn."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    stop_token_ids: tuple[int, ...] | None = None
+
+
+DEFAULT_SAMPLING = Sampling()  # the rollout section's sampling, no stop tokens
+
+
 class RolloutEngine:
     """vLLM engine over an HF model folder; `generate` takes and returns token ids."""
 
@@ -108,29 +122,24 @@ class RolloutEngine:
         )
 
     def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_tokens: int | None = None,
-        stop_token_ids: list[int] | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
+        self, prompts: list[list[int]], n: int, sampling: Sampling = DEFAULT_SAMPLING
     ) -> list[list[Sample]]:
-        """n samples for each prompt (token ids), with the rollout section's sampling unless
-        `max_tokens`, `temperature` or `top_p` say otherwise (evaluation)."""
+        """n samples for each prompt (token ids), with the rollout section's sampling where
+        `sampling` leaves a value None."""
         from vllm import SamplingParams, TokensPrompt
 
         if n < 1:
             raise ValueError(f"n={n}: ask for at least one sample per prompt")
         # vLLM refuses n > 1 with greedy sampling; greedy copies are identical anyway.
-        temperature = self.rollout.temperature if temperature is None else temperature
+        temperature = self.rollout.temperature
+        temperature = temperature if sampling.temperature is None else sampling.temperature
         copies = n if temperature == 0 else 1
         params = SamplingParams(
             n=n // copies,
             temperature=temperature,
-            top_p=self.rollout.top_p if top_p is None else top_p,
-            max_tokens=max_tokens or self.rollout.max_tokens,
-            stop_token_ids=stop_token_ids,
+            top_p=self.rollout.top_p if sampling.top_p is None else sampling.top_p,
+            max_tokens=sampling.max_tokens or self.rollout.max_tokens,
+            stop_token_ids=list(sampling.stop_token_ids or ()) or None,
             logprobs=0,  # the sampled token's log-prob only
         )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]

@@ -43,6 +43,7 @@ from mtprun.data.render import RenderedSequence, Renderer
 from mtprun.data.tasks import Prompt, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
+from mtprun.runner.rollout.engine import Sampling
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.rollout.rewards import EpisodeScorer, RewardOutcome, component_means
 from mtprun.spec import Recipe
@@ -133,15 +134,6 @@ class Episodes:
             answer = self.prompts[k // n].answer
             blocks.append(f"episode {k} reward {reward:g} (answer {answer!r})\n{turns}")
         return "\n\n".join(blocks) + "\n"
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Overrides of the rollout section's sampling (None: the section's value)."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
 
 
 @dataclass
@@ -302,13 +294,10 @@ class EpisodeCollector:
         )
 
     def _generate(self, contexts: list[list[int]], n: int, sampling: Sampling) -> list[list[Any]]:
+        stops = tuple(self.renderer.stop_token_ids)
+        max_tokens = sampling.max_tokens or self.max_tokens
         return self.pool.generate(
-            contexts,
-            n,
-            max_tokens=sampling.max_tokens or self.max_tokens,
-            stop_token_ids=self.renderer.stop_token_ids,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
+            contexts, n, replace(sampling, max_tokens=max_tokens, stop_token_ids=stops)
         )
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from mtprun.runner.actors import stop_actors, torch_threads
-from mtprun.runner.rollout.engine import spec_decode_metrics
+from mtprun.runner.rollout.engine import DEFAULT_SAMPLING, Sampling, spec_decode_metrics
 from mtprun.runner.rollout.worker import RolloutWorker
 
 log = logging.getLogger("mtprun")
@@ -66,17 +66,11 @@ class RolloutPool:
         return cls(actors, max_retries=MAX_RESTARTS)
 
     def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_tokens: int | None = None,
-        stop_token_ids: list[int] | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
+        self, prompts: list[list[int]], n: int, sampling: Sampling = DEFAULT_SAMPLING
     ) -> list[list[Any]]:
         """Samples for each prompt, in prompt order (see RolloutEngine.generate)."""
         calls = {
-            i: (prompts[lo:hi], n, max_tokens, stop_token_ids, temperature, top_p)
+            i: (prompts[lo:hi], n, sampling)
             for i, (lo, hi) in enumerate(_split(len(prompts), len(self.actors)))
             if hi > lo
         }

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from mtprun.runner.rollout.engine import Sampling
+
 
 class RolloutWorker:
     """One vLLM engine. Ray restarts it (same arguments) when its process dies; the driver
@@ -35,16 +37,8 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        max_tokens: int | None = None,
-        stop_token_ids: list[int] | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-    ) -> list[list[Any]]:
-        return self.engine.generate(prompts, n, max_tokens, stop_token_ids, temperature, top_p)
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[Any]]:
+        return self.engine.generate(prompts, n, sampling)
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
         return self.engine.update_weights(weights.items(), version)

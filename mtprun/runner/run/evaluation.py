@@ -18,7 +18,8 @@ import torch
 
 from mtprun.data.prompts import PromptDataset
 from mtprun.data.tasks import Prompt
-from mtprun.runner.rollout.episodes import EpisodeCollector, Sampling
+from mtprun.runner.rollout.engine import Sampling
+from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.spec import Recipe
 from mtprun.spec.eval import EvalSection
 
