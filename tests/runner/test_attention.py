@@ -113,7 +113,7 @@ def test_padded_sdpa_matches_float64_masked_softmax(lengths):
     g = torch.Generator().manual_seed(sum(lengths))
     heads, groups, dim = 6, 2, 16
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    rows = PaddedRows.of(cu_seqlens, "cpu")
+    rows = PaddedRows.of(lengths, "cpu")
     assert (rows.index is None) == (len(set(lengths)) == 1)
     tokens = sum(lengths)
     q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
@@ -132,16 +132,13 @@ def test_padded_sdpa_matches_float64_masked_softmax(lengths):
 
 
 def test_padded_layout_and_its_work_ratio():
-    def cu(lengths):
-        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-
-    assert PaddedRows.of(cu([2048] * 4), "cpu") == PaddedRows(4, 2048, None)
-    assert PaddedRows.work_ratio(cu([2048] * 4)) == 1.0
-    close = PaddedRows.of(cu([2000, 2048, 1900]), "cpu")
+    assert PaddedRows.of([2048] * 4, "cpu") == PaddedRows(4, 2048, None)
+    assert PaddedRows.work_ratio([2048] * 4) == 1.0
+    close = PaddedRows.of([2000, 2048, 1900], "cpu")
     assert (close.batch, close.length) == (3, 2048)
     assert close.index[1999:2001].tolist() == [1999, 2048]
-    assert PaddedRows.work_ratio(cu([2000, 2048, 1900])) < PADDED_WORK_LIMIT
-    assert PaddedRows.work_ratio(cu([4096, 64, 64, 64])) > PADDED_WORK_LIMIT  # flex instead
+    assert PaddedRows.work_ratio([2000, 2048, 1900]) < PADDED_WORK_LIMIT
+    assert PaddedRows.work_ratio([4096, 64, 64, 64]) > PADDED_WORK_LIMIT  # flex instead
 
 
 def _grads(model_dir, recompute, batch):

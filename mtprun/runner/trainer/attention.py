@@ -143,14 +143,13 @@ class PaddedRows:
     index: torch.Tensor | None
 
     @staticmethod
-    def work_ratio(cu_seqlens: torch.Tensor) -> float:
-        """Causal attention work of the padded batch over that of the packed row."""
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    def work_ratio(lengths: list[int]) -> float:
+        """Causal attention work of the padded batch over that of the packed row, for
+        sequences of `lengths` tokens."""
         return len(lengths) * max(lengths) ** 2 / sum(n * n for n in lengths)
 
     @classmethod
-    def of(cls, cu_seqlens: torch.Tensor, device: Any) -> PaddedRows:
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    def of(cls, lengths: list[int], device: Any) -> PaddedRows:
         longest = max(lengths)
         if all(n == longest for n in lengths):
             return cls(len(lengths), longest, None)
@@ -165,8 +164,10 @@ def packed_attention_mask(
     or a BlockMask on CUDA, a dense mask elsewhere."""
     if torch.device(device).type != "cuda":
         return packed_causal_mask(cu_seqlens, shard, device)
-    if shard.size == 1 and PaddedRows.work_ratio(cu_seqlens) <= PADDED_WORK_LIMIT:
-        return PaddedRows.of(cu_seqlens, device)
+    if shard.size == 1:
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()  # one host read for both
+        if PaddedRows.work_ratio(lengths) <= PADDED_WORK_LIMIT:
+            return PaddedRows.of(lengths, device)
     return packed_block_mask(cu_seqlens, shard, device)
 
 
