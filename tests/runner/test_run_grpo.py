@@ -20,6 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mtprun.runner.run import checkpoint
+
 from .cli_run import (
     E2E_TINY,
     ENV,
@@ -218,15 +220,17 @@ def test_export_is_an_hf_folder_transformers_loads(grpo_run):
     assert f"stage grpo: steps {WARMSTART_STEPS + 1}..{TOTAL} from {source}" in log
     assert (source / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
-    bad = subprocess.run(  # checkpoints: 2 (warm start end), 4, 8, the stop step, 10
-        [*MTPRUN, "export", str(run_dir), "--step", "9"],
+    # Checkpoints: 2 (warm start end), 4, 8, the stop step (wherever the SIGINT landed), 10.
+    missing = min(set(range(1, TOTAL)) - set(checkpoint.steps(run_dir / "checkpoints")))
+    bad = subprocess.run(
+        [*MTPRUN, "export", str(run_dir), "--step", str(missing)],
         env=ENV,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert bad.returncode == 2
-    assert "no checkpoint for step 9" in bad.stderr
+    assert f"no checkpoint for step {missing}" in bad.stderr
     assert "available steps: 2, 4, " in bad.stderr
 
 
