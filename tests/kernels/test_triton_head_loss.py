@@ -1,6 +1,7 @@
-"""Runs the interpreter tests of the Triton head loss (test_triton_interpreted.py) in a fresh
-Python process with TRITON_INTERPRET=1: triton reads it when it is first imported, and no
-other test's process (vLLM imports triton too) may be switched to the interpreter."""
+"""Runs the interpreter tests of the Triton kernels (the head loss's
+test_triton_interpreted.py, test_rope.py and test_swiglu.py) in a fresh Python process with
+TRITON_INTERPRET=1: triton reads it when it is first imported, and no other test's process
+(vLLM imports triton too) may be switched to the interpreter."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import pytest
 pytest.importorskip("triton")
 
 REPO = Path(__file__).resolve().parents[2]
-INTERPRETED = Path(__file__).with_name("test_triton_interpreted.py")
+INTERPRETED = ("test_triton_interpreted.py", "test_rope.py", "test_swiglu.py")
 
 
 def test_kernels_under_the_triton_interpreter() -> None:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(INTERPRETED)]
+    modules = [str(Path(__file__).with_name(name)) for name in INTERPRETED]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *modules]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-4000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]

@@ -4,8 +4,8 @@ A micro batch is one packed row of sequences; a query sees the keys of its own s
 to itself. `packed_attention_mask` describes that once per micro batch, for the local
 queries of a context-parallel rank against the gathered keys of every rank
 (`TokenShard.key_positions` order). `PackedAttention` takes it with the rows' rotary angles
-(`PackedRows`), rotates q and k (one compiled kernel on CUDA instead of Megatron's eight
-unfused ops per tensor) and applies the mask:
+(`PackedRows`), rotates q and k (one Triton launch on CUDA, `mtprun.kernels.rope`, instead of
+Megatron's eight unfused ops per tensor) and applies the mask:
 
 - CUDA, sequences of like lengths (no context parallelism): the row laid out as a [B, S_max]
   batch (a free view when every sequence has S_max tokens, else a scatter into zeros whose
@@ -197,12 +197,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def _rotate_qk(query, key, cos, sin):
+    if query.is_cuda:
+        from mtprun.kernels.rope import rotate_qk  # Triton: imported where a GPU runs it
+
+        return rotate_qk(query, key, cos, sin)
     return rotate(query, cos, sin), rotate(key, cos, sin)
-
-
-@cache
-def _compiled_rotate_qk():
-    return torch.compile(_rotate_qk, dynamic=True)
 
 
 @cache
@@ -226,8 +225,7 @@ class PackedAttention(DotProductAttention):
     def forward(self, query, key, value, attention_mask, *args: Any, **kwargs: Any):
         mask = attention_mask
         if isinstance(attention_mask, PackedRows):
-            rotate_qk = _compiled_rotate_qk() if query.is_cuda else _rotate_qk
-            query, key = rotate_qk(query, key, attention_mask.cos, attention_mask.sin)
+            query, key = _rotate_qk(query, key, attention_mask.cos, attention_mask.sin)
             mask = attention_mask.mask
         # else: Megatron's own GPTModel.forward, which rotated q and k itself
         if isinstance(mask, PaddedRows):

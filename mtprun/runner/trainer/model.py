@@ -46,9 +46,10 @@ def transformer_config(
     """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages, with
     `dtype` weights; fusions that need Transformer Engine or Apex off.
 
-    `fused` (CUDA) turns on megatron-core's SwiGLU fusion, which torch.compile builds: one
-    kernel for silu(a) * b and one for its gradient instead of a strided kernel per op over
-    the [T, 2 ffn] activation. CPUs keep the eager ops (no C++ toolchain needed, tiny sizes).
+    `fused` (CUDA) runs the MLP's SwiGLU as one Triton kernel each way (`SwiGLUActivation`,
+    taken through Megatron's module-activation hook `use_te_activation_func`, which builds the
+    layer spec's `activation_func`) instead of a strided kernel per op over the [T, 2 ffn]
+    activation. CPUs keep the eager ops (tiny sizes).
 
     `recompute: selective` is Megatron-core's selective recomputation of each layer's MLP:
     its largest activations (2 x ffn + ffn per token) go, attention's stay. Core attention is
@@ -79,7 +80,8 @@ def transformer_config(
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         perform_initialization=False,  # weights come from the HF checkpoint
-        bias_activation_fusion=fused,
+        bias_activation_fusion=False,
+        use_te_activation_func=fused,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -296,11 +298,27 @@ def check_native_mtp_loss_disabled(model: GPTModel) -> None:
         )
 
 
+class SwiGLUActivation(torch.nn.Module):
+    """The MLP's activation, silu(a) * b of the fc1 output [a, b], as one Triton kernel each
+    way (`mtprun.kernels.swiglu`); built by Megatron's MLP when the config's
+    `use_te_activation_func` is set (CUDA)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        from mtprun.kernels.swiglu import swiglu  # Triton: imported where a GPU runs it
+
+        self.swiglu = swiglu
+
+    def forward(self, fc1_out: torch.Tensor) -> torch.Tensor:
+        return self.swiglu(fc1_out)
+
+
 def decoder_layer_spec() -> ModuleSpec:
     """Megatron-core's local transformer layer, its core attention packed (flash-class on
-    CUDA) and context-parallel."""
+    CUDA) and context-parallel, its MLP activation a kernel where the config asks for one."""
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = PackedAttention
+    spec.submodules.mlp.submodules.activation_func = SwiGLUActivation
     return spec
 
 
