@@ -4,23 +4,14 @@ backward, at several shapes and dtypes. Runs on CUDA, or on CPU under the Triton
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from .elementwise import TOLERANCE, triton_device
 
-if torch.cuda.is_available():
-    DEVICE = "cuda"
-elif os.environ.get("TRITON_INTERPRET") == "1":
-    DEVICE = "cpu"
-else:
-    pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = triton_device()
 
-from mtprun.kernels.rope import rotate_qk
-
-TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 2e-2)}
+from mtprun.kernels.rope import rotate_qk  # noqa: E402  (after the skip: imports triton)
 
 
 def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -4,23 +4,14 @@ interpreter (`test_triton_head_loss.py` runs this module in a process with TRITO
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from .elementwise import TOLERANCE, triton_device
 
-if torch.cuda.is_available():
-    DEVICE = "cuda"
-elif os.environ.get("TRITON_INTERPRET") == "1":
-    DEVICE = "cpu"
-else:
-    pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
+DEVICE = triton_device()
 
-from mtprun.kernels.swiglu import swiglu
-
-TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 2e-2)}
+from mtprun.kernels.swiglu import swiglu  # noqa: E402  (after the skip: imports triton)
 
 
 def reference(y: torch.Tensor) -> torch.Tensor:
