@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
     from mtprun.data.environment import load_environment_class
+    from mtprun.data.prompts import ConversationDataset
     from mtprun.data.render import renderer_for
     from mtprun.data.rewards import RewardInput, call_reward, load_reward
     from mtprun.data.sft import load_conversations
@@ -108,10 +109,11 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
             continue
         renderer = renderer_for(data.template, model_path)
         loaded = load_conversations(data, recipe.seed)
-        samples = [Sample(renderer.render(c)) for c in loaded.records[:n]]
+        samples = [Sample(renderer.render(loaded[i])) for i in range(min(n, len(loaded)))]
+        errors = loaded.errors if isinstance(loaded, ConversationDataset) else []
         source = data.source if isinstance(data.source, str) else data.source.path
         title = f"{label}: {source} (SFT, template {data.template})"
-        yield Source(title, renderer, samples, [str(e) for e in loaded.errors])
+        yield Source(title, renderer, samples, [str(e) for e in errors])
     if recipe.task is not None:
         task_section = recipe.task
         renderer = renderer_for(task_section.template, model_path)

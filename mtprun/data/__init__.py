@@ -8,12 +8,13 @@
     trajectory.TrajectoryBuilder                RL: prompt + sampled + inserted segments
     trajectory.expert_rollout                   the rollout loop with a scripted expert
     packing.pack(seqs, policy, length)          -> PackedBatch (the one next-token shift)
-    sft.load_conversations / sft.sft_batches    a recipe's data: section end to end
+    sft.load_conversations / sft.PackedSft      a recipe's data: section end to end
     tasks.get_task / tasks.task_for             built-in RL tasks, dataset tasks
     rewards.load_reward / rewards.call_reward   built-in and user rewards, one convention
     environment.EnvStep / Environment           what answers the model between its turns
     references.load_reference(ref)              `package.module:Name` / `file.py:Name`
     prompts.PromptDataset                       dataset rows -> prompts (split, epochs)
+    prompts.ConversationDataset                 dataset rows -> SFT conversations
     dataset_files.open_table                    dataset files as memory-mapped Arrow
 
 Modules are imported one by one (this package imports nothing) so that importing

@@ -20,14 +20,13 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv")
 _SCAN_BATCH = 1024  # rows per Arrow batch while scanning: bounds the memory of a scan
 _RAW = "__mtprun_line__"  # the raw-text column of a .jsonl file's Arrow copy
@@ -51,14 +50,6 @@ class RecordError:
         if self.unit == "line":
             return f"{self.path}:{self.line}: {self.reason}"
         return f"{self.path}: row {self.line}: {self.reason}"
-
-
-@dataclass
-class Records(Generic[T]):
-    """Good records, and one error per bad record, in file order."""
-
-    records: list[T] = field(default_factory=list)
-    errors: list[RecordError] = field(default_factory=list)
 
 
 @dataclass

@@ -39,13 +39,13 @@ def pack(
                 f"{packing_length} tokens: raise data.packing_length or shorten the sequence"
             )
     batches = []
-    for start, stop in _bins([len(s) for s in sequences], packing_length):
+    for start, stop in bins([len(s) for s in sequences], packing_length):
         adv = None if advantages is None else advantages[start:stop]
         batches.append(_pack_bin(sequences[start:stop], policy, adv, pad_id))
     return batches
 
 
-def _bins(lengths: list[int], capacity: int) -> list[tuple[int, int]]:
+def bins(lengths: list[int], capacity: int) -> list[tuple[int, int]]:
     """[start, stop) index ranges of consecutive sequences that fit in `capacity` tokens."""
     bins, start, used = [], 0, 0
     for i, n in enumerate(lengths):

@@ -10,12 +10,13 @@ the memory-mapped table and are read when a step draws them.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mtprun.data.dataset_files import DataFileError, Records, Table, open_table, scan
+from mtprun.data.dataset_files import DataFileError, RecordError, Table, open_table, scan
 from mtprun.data.messages import Conversation, ConversationError, Message, parse_conversation
 from mtprun.data.tasks.base import Prompt
 
@@ -81,16 +82,27 @@ class PromptDataset:
         return self._epoch_orders[epoch]
 
 
-def read_conversations(
-    spec: DatasetSpec, cache_dir: str | Path | None = None
-) -> Records[Conversation]:
-    """Every good conversation of an SFT dataset (bad rows in `.errors`), in the recipe's
-    order: a seeded shuffle is applied by the SFT source per epoch, so rows stay in file
-    order here."""
-    table = open_table(spec.path, cache_dir)
-    parse = _conversation_parser(spec.columns, table.columns)
-    rows, errors = scan(table, parse, _read_columns(spec.columns, table))
-    return Records([parse(table.record(int(r))) for r in rows], errors)
+class ConversationDataset(Sequence[Conversation]):
+    """The good rows of an SFT dataset as conversations, in file order (a seeded shuffle is
+    the SFT source's, per epoch). As in `PromptDataset` only the good rows' indices stay in
+    memory; a conversation is parsed from the memory-mapped table when it is asked for."""
+
+    def __init__(self, spec: DatasetSpec, cache_dir: str | Path | None = None):
+        self.table = open_table(spec.path, cache_dir)
+        self._parse = _conversation_parser(spec.columns, self.table.columns)
+        self.rows, self.errors = scan(
+            self.table, self._parse, _read_columns(spec.columns, self.table)
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Conversation:  # type: ignore[override]
+        return self._parse(self.table.record(int(self.rows[index])))
+
+    def where(self, index: int, reason: str) -> RecordError:
+        """The error of conversation `index`, located in its file."""
+        return self.table.where(int(self.rows[index]), reason)
 
 
 def _read_columns(columns: ColumnMap, table: Table) -> list[str] | None:

@@ -1,44 +1,105 @@
-"""SFT data end to end: a recipe's `data:` section -> conversations -> packed batches."""
+"""SFT data end to end: a recipe's `data:` section -> conversations -> packed rows.
+
+`PackedSft` keeps what packing needs and no tokens: one token count per conversation, found
+by rendering each once, and where each packed row starts. A row is rendered and packed again
+when a step asks for it, so a dataset of a million conversations costs a few arrays of a
+million integers, not its tokens.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from mtprun.data.batch import PackedBatch
-from mtprun.data.dataset_files import Records
 from mtprun.data.mask import MaskPolicy
 from mtprun.data.messages import Conversation
-from mtprun.data.packing import pack
-from mtprun.data.prompts import read_conversations
+from mtprun.data.packing import bins, pack
+from mtprun.data.prompts import ConversationDataset
 from mtprun.data.render import Renderer
 from mtprun.data.tasks import TASKS, get_task
 
 if TYPE_CHECKING:
+    from mtprun.data.dataset_files import RecordError
     from mtprun.spec.data import DataSection
+
+log = logging.getLogger(__name__)
 
 
 def load_conversations(
     data: DataSection, seed: int, cache_dir: str | Path | None = None
-) -> Records[Conversation]:
+) -> Sequence[Conversation]:
     """`data.num_samples` demonstrations of the synthetic task named by `data.source`, or
-    every good conversation of the dataset it names (bad rows in `.errors`)."""
+    the good conversations of the dataset it names (a `ConversationDataset`, bad rows in its
+    `.errors`)."""
     from mtprun.spec.data import DatasetSpec
 
     source = data.source
     if isinstance(source, str) and source in TASKS:
-        return Records(get_task(source).sft_examples(data.num_samples, seed))
+        return get_task(source).sft_examples(data.num_samples, seed)
     spec = source if isinstance(source, DatasetSpec) else DatasetSpec(path=source)
-    return read_conversations(spec, cache_dir)
+    return ConversationDataset(spec, cache_dir)
 
 
-def sft_batches(
-    conversations: Sequence[Conversation],
-    renderer: Renderer,
-    mask: MaskPolicy,
-    packing_length: int,
-) -> list[PackedBatch]:
-    """Render every conversation and pack them in order."""
-    sequences = [renderer.render(c) for c in conversations]
-    return pack(sequences, mask, packing_length, pad_id=renderer.tokenizer.pad_token_id)
+class PackedSft(Sequence[PackedBatch]):
+    """`conversations` rendered and packed in order into rows of at most `packing_length`
+    tokens (the same rows as `pack` over all of them), each row built when it is indexed.
+
+    A dataset conversation longer than a row is a bad row: logged with its file and row
+    (`.errors`) and left out. A synthetic task's is an error of the recipe (ValueError).
+    """
+
+    def __init__(
+        self,
+        conversations: Sequence[Conversation],
+        renderer: Renderer,
+        mask: MaskPolicy,
+        packing_length: int,
+    ) -> None:
+        self._conversations, self._renderer = conversations, renderer
+        self._mask, self._packing_length = mask, packing_length
+        lengths = np.fromiter(
+            (len(renderer.render(c)) for c in conversations), np.int64, len(conversations)
+        )
+        fits = lengths <= packing_length
+        self.errors = [self._too_long(int(i), int(lengths[i])) for i in np.flatnonzero(~fits)]
+        self._kept = np.flatnonzero(fits)
+        if not len(self._kept):
+            raise ValueError(
+                f"no conversation fits data.packing_length={packing_length} tokens "
+                f"(the shortest has {lengths.min()} tokens); raise data.packing_length"
+            )
+        ranges = bins(lengths[self._kept].tolist(), packing_length)
+        self._starts = np.array([start for start, _ in ranges] + [len(self._kept)])
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def __getitem__(self, row: int) -> PackedBatch:  # type: ignore[override]
+        if not -len(self) <= row < len(self):
+            raise IndexError(f"packed row {row} of {len(self)}")
+        row %= len(self)
+        members = self._kept[self._starts[row] : self._starts[row + 1]]
+        sequences = [self._renderer.render(self._conversations[int(i)]) for i in members]
+        pad = self._renderer.tokenizer.pad_token_id
+        (batch,) = pack(sequences, self._mask, self._packing_length, pad_id=pad)
+        return batch
+
+    @property
+    def conversations(self) -> int:
+        """How many conversations the rows hold."""
+        return len(self._kept)
+
+    def _too_long(self, index: int, tokens: int) -> RecordError:
+        longer = f"{tokens} tokens, longer than data.packing_length={self._packing_length}"
+        if not isinstance(self._conversations, ConversationDataset):
+            raise ValueError(f"SFT example {index} has {longer}; raise data.packing_length")
+        error = self._conversations.where(
+            index, f"{longer}: left out (raise data.packing_length to train on it)"
+        )
+        log.warning("skipping bad record %s", error)
+        return error

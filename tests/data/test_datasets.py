@@ -15,7 +15,7 @@ import pytest
 
 from mtprun.data.dataset_files import DataFileError
 from mtprun.data.messages import Message
-from mtprun.data.prompts import PromptDataset, read_conversations
+from mtprun.data.prompts import ConversationDataset, PromptDataset
 from mtprun.spec.data import DatasetSpec
 
 ROWS = [{"question": f"{i}+1=", "solution": i + 1, "level": i % 3} for i in range(20)]
@@ -119,15 +119,15 @@ def test_heldout_rows_never_train_and_epochs_reshuffle_reproducibly(tmp_path) ->
 
 def test_sft_rows_from_prompt_and_answer_columns_or_conversations(tmp_path) -> None:
     path = _write(tmp_path, "parquet", ROWS[:3])
-    loaded = read_conversations(DatasetSpec(path=str(path), **SPEC), tmp_path)
-    assert loaded.records[0] == (Message("user", "0+1="), Message("assistant", "1"))
+    loaded = ConversationDataset(DatasetSpec(path=str(path), **SPEC), tmp_path)
+    assert loaded[0] == (Message("user", "0+1="), Message("assistant", "1"))
     conversations = [
         {"messages": json.dumps([{"role": "user", "content": "a"}, {"role": "assistant"}])},
         {"messages": "[not json"},
     ]
     csv = _write(tmp_path, "csv", conversations, "chats")
-    loaded = read_conversations(DatasetSpec(path=str(csv)), tmp_path)
-    assert loaded.records == [(Message("user", "a"), Message("assistant", ""))]
+    loaded = ConversationDataset(DatasetSpec(path=str(csv)), tmp_path)
+    assert list(loaded) == [(Message("user", "a"), Message("assistant", ""))]
     assert str(loaded.errors[0]).startswith(f'{csv}: row 1: "messages" is not a list of messages')
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from mtprun.data.dataset_files import DataFileError
 from mtprun.data.messages import Message, ToolCall
-from mtprun.data.prompts import read_conversations as read_dataset
+from mtprun.data.prompts import ConversationDataset
 from mtprun.data.tasks import get_task
 from mtprun.spec.data import DatasetSpec
 
@@ -34,7 +34,7 @@ BAD_LINES = {
 
 
 def read_conversations(path):
-    return read_dataset(DatasetSpec(path=str(path)))
+    return ConversationDataset(DatasetSpec(path=str(path)))
 
 
 def write_lines(path, records) -> None:
@@ -54,8 +54,8 @@ def test_bad_records_name_file_and_line_and_the_rest_is_kept(tmp_path, caplog) -
     with caplog.at_level(logging.WARNING, logger="mtprun.data.dataset_files"):
         loaded = read_conversations(path)
 
-    assert len(loaded.records) == len(BAD_LINES) + 1
-    assert all(c == (Message("user", "hi"), Message("assistant", "yo")) for c in loaded.records)
+    assert len(loaded) == len(BAD_LINES) + 1
+    assert all(c == (Message("user", "hi"), Message("assistant", "yo")) for c in loaded)
     assert [e.line for e in loaded.errors] == [line for line, _ in expected_errors]
     for error, (line, reason) in zip(loaded.errors, expected_errors, strict=True):
         assert str(error).startswith(f"{path}:{line}: ")
@@ -67,7 +67,7 @@ def test_blank_lines_are_skipped_and_line_numbers_stay_true(tmp_path) -> None:
     path = tmp_path / "sft.jsonl"
     path.write_text(json.dumps(GOOD) + "\n\n" + '{"messages": 3}\n')
     loaded = read_conversations(path)
-    assert len(loaded.records) == 1
+    assert len(loaded) == 1
     assert [str(e) for e in loaded.errors] == [f'{path}:3: "messages" must be a list, got int']
 
 
@@ -107,7 +107,7 @@ def test_tool_calls_parse_in_openai_and_flat_form(tmp_path) -> None:
         ],
     )
     expected = (Message("assistant", "", (ToolCall("calc", {"x": 1}),)),)
-    assert read_conversations(path).records == [expected, expected]
+    assert list(read_conversations(path)) == [expected, expected]
 
 
 def test_prompt_files_feed_a_task_with_or_without_an_answer(tmp_path) -> None:

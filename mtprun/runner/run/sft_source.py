@@ -1,4 +1,5 @@
-"""SFT batches for the trainer: the stage's data packed once, one packed row per step.
+"""SFT batches for the trainer: one packed row of the stage's data per step (`PackedSft`:
+the packing is planned once, a row is built when its step comes).
 
 The row of a step is a pure function of (seed, step): epoch e visits every row once in an
 order drawn from seed + e. A resumed run therefore trains on exactly the rows it would have
@@ -15,7 +16,7 @@ from transformers import AutoTokenizer
 
 from mtprun.data.batch import PackedBatch
 from mtprun.data.render import Renderer
-from mtprun.data.sft import load_conversations, sft_batches
+from mtprun.data.sft import PackedSft, load_conversations
 from mtprun.spec import Recipe
 
 log = logging.getLogger("mtprun")
@@ -26,15 +27,15 @@ class SftSource:
         data = recipe.data
         if data is None:
             raise ValueError("an SFT stage needs a `data:` section")
-        # Logs the bad rows it skips.
-        records = load_conversations(data, recipe.seed, Path(recipe.run_dir) / "datasets")
+        # Both log the bad rows they skip.
+        conversations = load_conversations(data, recipe.seed, Path(recipe.run_dir) / "datasets")
         renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
-        self.rows = sft_batches(records.records, renderer, recipe.mask, data.packing_length)
+        self.rows = PackedSft(conversations, renderer, recipe.mask, data.packing_length)
         self.seed = recipe.seed
         log.info(
             "SFT data %s: %d conversations in %d packed rows of <= %d tokens",
             data.source if isinstance(data.source, str) else data.source.path,
-            len(records.records),
+            self.rows.conversations,
             len(self.rows),
             data.packing_length,
         )
