@@ -29,14 +29,14 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from mtprun.runner.tracking.server import MlflowServer
 
 FAULTS = ("engine_kill", "trainer_kill", "tracking_outage", "sigterm_resume", "disk_full")
 WARMSTART_STEPS = 40  # recipes/quickstart.yaml's warm start, before the GRPO stage
@@ -47,50 +47,14 @@ STEP_LINE = re.compile(r"step (\d+) \|")
 PIDS = re.compile(r"(trainer|engines) ready: (?:\d+ rank\(s\), )?pids \[([\d, ]+)\]|new pid (\d+)")
 
 
-class MlflowServer:
-    """`mlflow server` on one port and one sqlite store, stopped and started at will."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        command = [
-            *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1"),
-            *("--port", str(self.port), "--workers", "1"),
-            *("--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}"),
-            *("--artifacts-destination", str(self.folder / "artifacts")),
-        ]
-        log = open(self.folder / "server.log", "ab")  # noqa: SIM115 (the server's lifetime)
-        env = {**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        self.proc = subprocess.Popen(
-            command, stdout=log, stderr=log, env=env, start_new_session=True
-        )
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{self.uri}/health", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"mlflow server not up after 180 s at {self.uri}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=60)
-
-
 class Soak:
     def __init__(self, args: argparse.Namespace, root: Path, with_disk: bool) -> None:
         self.args, self.root = args, root
         self.run_dir = root / "run"
         self.log_file = self.run_dir / "log.txt"
-        self.server = MlflowServer(root)
+        self.server = MlflowServer(
+            f"sqlite:///{root / 'mlflow.db'}", artifacts=root / "artifacts", log=root / "server.log"
+        )
         self.proc: subprocess.Popen | None = None
         self.events: list[dict] = []
         self.with_disk = with_disk

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import signal
 import sys
 from pathlib import Path
 
 from mtprun.cli.diagnostics import EXIT_INVALID
+from mtprun.runner.tracking.server import MlflowServer
 
 _RUNS = Path("runs")
 
@@ -42,31 +43,27 @@ def run(args: argparse.Namespace) -> int:
     if not uri.startswith(("sqlite:", "file:")) and "://" in uri:
         print(f"the run is tracked on the MLflow server {uri}: open it there", file=sys.stderr)
         return EXIT_INVALID
-    address = f"http://{args.host}:{args.port}"
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        uri,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--workers",
-        "1",
-    ]
-    print(f"MLflow UI for {run_dir}: {address}", flush=True)
-    run_page = f"{address}/#/experiments/{state['experiment_id']}/runs/{state['run_id']}"
+    server = MlflowServer(uri, args.host, args.port)
+    print(f"MLflow UI for {run_dir}: {server.uri}", flush=True)
+    run_page = f"{server.uri}/#/experiments/{state['experiment_id']}/runs/{state['run_id']}"
     print(f"run {state['run_id']}: {run_page}", flush=True)
-    server = subprocess.Popen(command)
+    # SIGTERM too ends the server (it runs in a process group of its own).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
+        server.start()
         return server.wait()
+    except RuntimeError as err:  # it exited or never answered (a port in use, a bad store)
+        print(f"mtprun ui: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        server.terminate()
-        server.wait(timeout=30)
         return 0
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _newest_run(root: Path) -> Path | None:

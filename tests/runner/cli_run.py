@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -100,12 +99,6 @@ def wait_for_log(
             raise AssertionError(f"mtprun exited ({proc.returncode}) before logging {pattern!r}")
         time.sleep(0.5)
     raise AssertionError(f"no {pattern!r} in {log_file} after {timeout} s")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 _ACTOR_PIDS = re.compile(r"ready: (?:\d+ rank\(s\), )?pids \[([\d, ]+)\]|new pid (\d+)")

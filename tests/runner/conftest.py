@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from mtprun.data.batch import PackedBatch
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models import build_tiny_model
+from mtprun.runner.net import free_port
 from mtprun.spec.model import TinyModel
 from mtprun.spec.recipe import Recipe
 
@@ -93,12 +93,6 @@ def random_packed_batch(
             "ref_logprobs": -torch.rand(total, generator=g) * 5,
         }
     return PackedBatch(tokens, targets, loss_mask, positions, cu_seqlens, **extras)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

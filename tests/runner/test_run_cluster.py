@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from mtprun.runner.net import free_port
 from mtprun.runner.run import checkpoint
 
 from .cli_run import (
@@ -24,7 +25,6 @@ from .cli_run import (
     RunRecord,
     actor_pids,
     finish,
-    free_port,
     start,
     still_running,
     write_recipe,

@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from mtprun.runner.net import free_port
 from mtprun.runner.run import checkpoint
 
 from .cli_run import (
@@ -29,7 +30,6 @@ from .cli_run import (
     RunRecord,
     actor_pids,
     finish,
-    free_port,
     log_size,
     start,
     still_running,

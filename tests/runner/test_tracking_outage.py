@@ -3,81 +3,37 @@ that is stopped and started again, and `mtprun sync` for what a run could not up
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
 
 from mtprun.cli import main
+from mtprun.runner.net import free_port
 from mtprun.runner.run.lock import RunLock
 from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.tracking.server import MlflowServer
 from mtprun.runner.tracking.spool import Spool
 from mtprun.runner.tracking.tracker import Tracker
 from mtprun.runner.tracking.writer import upload
 
-from .cli_run import ENV, MTPRUN, free_port
+from .cli_run import ENV, MTPRUN
 
 KEYS = ("train/loss", "reward/mean", "time/step_s")
-
-
-class MlflowServer:
-    """`mlflow server` on one port and one sqlite store, stopped and started at will."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        command = [
-            *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1"),
-            *("--port", str(self.port), "--workers", "1"),
-            *("--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}"),
-            *("--artifacts-destination", str(self.folder / "artifacts")),
-        ]
-        env = {**ENV, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        log = open(self.folder / "server.log", "ab")  # noqa: SIM115 (the server's lifetime)
-        self.proc = subprocess.Popen(
-            command, cwd=self.folder, env=env, stdout=log, stderr=log, start_new_session=True
-        )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{self.uri}/health", timeout=1)
-                return
-            except OSError:
-                assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-2000:]
-                time.sleep(0.2)
-        raise AssertionError(f"mlflow server not up after 120 s at {self.uri}")
-
-    def stop(self) -> None:
-        """Stop the server and its workers (its whole process group)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        with contextlib.suppress(ProcessLookupError):  # workers that outlived the server
-            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture
 def server(tmp_path):
     folder = tmp_path / "server"
     folder.mkdir()
-    srv = MlflowServer(folder)
+    srv = MlflowServer(
+        f"sqlite:///{folder / 'mlflow.db'}",
+        artifacts=folder / "artifacts",
+        log=folder / "server.log",
+    )
     srv.start()
     yield srv
     srv.stop()

@@ -13,13 +13,14 @@ from transformers import AutoModelForCausalLM
 
 from mtprun.compiler import HeadPlan, compile_recipe
 from mtprun.models import build_tiny_model
+from mtprun.runner.net import free_port
 from mtprun.runner.trainer.optim import lr_factor
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyModel
 from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.trainer import TrainerSection
 
-from .conftest import TINY, free_port, make_recipe, random_packed_batch
+from .conftest import TINY, make_recipe, random_packed_batch
 
 SGD = {"optimizer": "sgd", "lr": 1.0, "grad_clip": None}
 

@@ -16,9 +16,10 @@ import pytest
 import ray
 import torch
 
+from mtprun.runner.net import free_port
 from mtprun.runner.weight_transfer import TransferGroup, TransferHost, plan_buckets
 
-from .conftest import free_port, make_recipe, random_packed_batch
+from .conftest import make_recipe, random_packed_batch
 
 
 def _weights() -> dict[str, torch.Tensor]:

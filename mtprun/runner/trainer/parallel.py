@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import torch
@@ -75,10 +74,3 @@ def destroy_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    """A TCP port that is free on this host now (for torch.distributed's rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])

@@ -35,11 +35,12 @@ from mtprun.models.pp_layout import (
     splits_tied_embedding,
 )
 from mtprun.models.tp_layout import gather_state_dict
+from mtprun.runner.net import free_port
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
 from mtprun.runner.trainer.model import MTP_PREFIX, load_policy_model
 from mtprun.runner.trainer.optim import NormScope, build_groups
-from mtprun.runner.trainer.parallel import free_port, init_parallel
+from mtprun.runner.trainer.parallel import init_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
 from mtprun.runner.trainer.teacher import Teacher
 from mtprun.spec.recipe import Recipe

@@ -11,8 +11,8 @@ import torch
 
 from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
+from mtprun.runner.net import free_port
 from mtprun.runner.run.export import save_hf_folder
-from mtprun.runner.trainer.parallel import free_port
 
 
 class TrainerWorker:
