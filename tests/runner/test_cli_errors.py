@@ -1,5 +1,7 @@
 """Mistakes a user can make with the runner's commands get a clear message and exit code 2."""
 
+import socket
+
 import pytest
 
 from mtprun.cli import main
@@ -50,3 +52,14 @@ def test_a_missing_distill_teacher_stops_the_run_before_ray(tmp_path, capsys):
     log = (tmp_path / "run" / "log.txt").read_text()
     assert f"losses.1.teacher: {tmp_path / 'missing'} is not an HF model folder" in log
     assert "ray" not in {p.name for p in (tmp_path / "run").iterdir()}
+
+
+def test_ui_on_a_port_in_use_says_so_and_exits_1(tmp_path, capsys):
+    state = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "run_id": "r"}
+    RunDir(tmp_path).create().write_state({**state, "experiment_id": "0"})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["ui", str(tmp_path), "--port", str(port)]) == 1
+    assert "mtprun ui: mlflow server exited" in capsys.readouterr().err
