@@ -90,7 +90,7 @@ class PackedSft(Sequence[PackedBatch]):
         return batch
 
     @property
-    def conversations(self) -> int:
+    def conversation_count(self) -> int:
         """How many conversations the rows hold."""
         return len(self._kept)
 

@@ -43,7 +43,7 @@ def test_rows_equal_packing_every_conversation_at_once(tmp_path, renderer) -> No
     conversations = _dataset(tmp_path, answers)
     rows = PackedSft(conversations, renderer, "sampled", PACKING)
     whole = pack([renderer.render(c) for c in conversations], "sampled", PACKING)
-    assert rows.conversations == 50 and rows.errors == []
+    assert rows.conversation_count == 50 and rows.errors == []
     assert len(rows) == len(whole) > 10
     for i in (*range(len(rows)), -1):
         ours, expected = rows[i], whole[i]
@@ -56,7 +56,7 @@ def test_a_conversation_longer_than_a_row_is_a_bad_row(tmp_path, renderer, caplo
     conversations = _dataset(tmp_path, answers)
     with caplog.at_level(logging.WARNING, logger="mtprun.data.sft"):
         rows = PackedSft(conversations, renderer, "sampled", PACKING)
-    assert rows.conversations == 2
+    assert rows.conversation_count == 2
     assert [e.line for e in rows.errors] == [1, 3]
     assert str(rows.errors[0]).startswith(f"{tmp_path / 'sft.parquet'}: row 1: ")
     assert f"longer than data.packing_length={PACKING}" in str(rows.errors[0])
@@ -102,7 +102,7 @@ MEMORY_PROBE = textwrap.dedent(
     )
     tokens = sum(int(rows[i].cu_seqlens[-1]) for i in range(0, len(rows), 97))
     print(json.dumps({"growth_kib": anonymous_kib() - before, "rows": len(rows),
-                      "conversations": rows.conversations}))
+                      "conversations": rows.conversation_count}))
     """
 )
 

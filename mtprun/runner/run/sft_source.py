@@ -35,7 +35,7 @@ class SftSource:
         log.info(
             "SFT data %s: %d conversations in %d packed rows of <= %d tokens",
             data.source if isinstance(data.source, str) else data.source.path,
-            self.rows.conversations,
+            self.rows.conversation_count,
             len(self.rows),
             data.packing_length,
         )
