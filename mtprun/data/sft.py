@@ -9,6 +9,7 @@ million integers, not its tokens.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,9 +63,7 @@ class PackedSft(Sequence[PackedBatch]):
     ) -> None:
         self._conversations, self._renderer = conversations, renderer
         self._mask, self._packing_length = mask, packing_length
-        lengths = np.fromiter(
-            (len(renderer.render(c)) for c in conversations), np.int64, len(conversations)
-        )
+        lengths = _token_counts(conversations, renderer)
         fits = lengths <= packing_length
         self.errors = [self._too_long(int(i), int(lengths[i])) for i in np.flatnonzero(~fits)]
         self._kept = np.flatnonzero(fits)
@@ -103,3 +102,20 @@ class PackedSft(Sequence[PackedBatch]):
         )
         log.warning("skipping bad record %s", error)
         return error
+
+
+_PROGRESS_EVERY_S = 15.0
+
+
+def _token_counts(conversations: Sequence[Conversation], renderer: Renderer) -> np.ndarray:
+    """Each conversation's rendered length; a log line every 15 s while a large dataset is
+    counted (a million conversations take minutes)."""
+    counts = np.empty(len(conversations), dtype=np.int64)
+    last = time.monotonic()
+    for i, conversation in enumerate(conversations):
+        counts[i] = len(renderer.render(conversation))
+        if time.monotonic() - last > _PROGRESS_EVERY_S:
+            done = f"{i + 1} of {len(conversations)}"
+            log.info("SFT data: %s conversations rendered to count their tokens", done)
+            last = time.monotonic()
+    return counts
