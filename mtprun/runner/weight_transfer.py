@@ -24,6 +24,10 @@ import torch.distributed as dist
 BUCKET_BYTES = 256 << 20  # bounds the sender's and the receiver's staging buffers
 _ALIGN = 16  # each tensor starts at a multiple of this many bytes, so its typed view is legal
 _TIMEOUT = timedelta(minutes=10)  # a member that never answers fails the send instead of hanging
+# Every member is asked to join at the same moment, so a formation is over in milliseconds;
+# one still waiting after this has a member that died on the way (an engine killed while it
+# joined), and fails, so that the run can restart that engine and form the next generation.
+FORM_TIMEOUT = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -63,14 +67,23 @@ def plan_buckets(
 class TransferGroup:
     """This process's membership of one generation of the transfer group."""
 
-    def __init__(self, store: dist.Store, generation: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        generation: int,
+        rank: int,
+        world_size: int,
+        form_timeout: timedelta = FORM_TIMEOUT,
+    ) -> None:
+        """Returns once every member joined; raises after `form_timeout` when one did not.
+        (The formation is bounded by the group's own timeout; each broadcast sets `_TIMEOUT`.)"""
         prefixed = dist.PrefixStore(f"mtprun-weights/{generation}", store)
         self.device = torch.device("cuda", torch.cuda.current_device()) if _cuda() else None
         if self.device is None:
-            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, _TIMEOUT)
+            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, form_timeout)
         else:
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = _TIMEOUT
+            options._timeout = form_timeout
             self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
 
     @classmethod
@@ -127,7 +140,11 @@ class TransferGroup:
         return bytes(data.cpu().numpy())
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
-        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()
+        # Receivers wait in the header's broadcast while rank 0 gathers the weights: far
+        # longer than a formation may take.
+        options = dist.BroadcastOptions()
+        options.timeout = _TIMEOUT
+        self.group.broadcast([tensor], options).wait()
 
 
 class TransferHost:
@@ -141,10 +158,13 @@ class TransferHost:
         )
         self.group: TransferGroup | None = None
 
-    def form(self, generation: int, world_size: int) -> None:
-        """Form `generation` as member 0; returns when every member joined it."""
+    def form(
+        self, generation: int, world_size: int, form_timeout: timedelta = FORM_TIMEOUT
+    ) -> None:
+        """Form `generation` as member 0; returns when every member joined it, raises after
+        `form_timeout` when one did not (the next generation may then form)."""
         self.group = None  # the previous generation's connections go first
-        self.group = TransferGroup(self.store, generation, 0, world_size)
+        self.group = TransferGroup(self.store, generation, 0, world_size, form_timeout)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -10,11 +10,13 @@ import os
 import shutil
 import signal
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import ray
 import torch
+import torch.distributed as dist
 
 from mtprun.runner.net import free_port
 from mtprun.runner.weight_transfer import TransferGroup, TransferHost, plan_buckets
@@ -33,8 +35,8 @@ def _weights() -> dict[str, torch.Tensor]:
     }
 
 
-def _member(port: int, out: str) -> None:
-    group = TransferGroup.join("127.0.0.1", port, generation=1, rank=1, world_size=2)
+def _member(port: int, out: str, generation: int = 1) -> None:
+    group = TransferGroup.join("127.0.0.1", port, generation=generation, rank=1, world_size=2)
     torch.save({name: t.clone() for name, t in group.receive()}, out)
 
 
@@ -61,6 +63,24 @@ def test_receiver_gets_every_dtype_bit_for_bit(tmp_path):
     for name, tensor in sent.items():
         assert received[name].dtype == tensor.dtype
         assert torch.equal(received[name], tensor), name
+
+
+def test_a_member_that_never_joins_fails_the_formation_and_the_next_generation_forms(tmp_path):
+    port = free_port()
+    host = TransferHost("127.0.0.1", port)
+    # Generation 1's member died before joining (as an engine SIGKILLed mid-join does).
+    with pytest.raises(dist.DistStoreError, match="timeout"):
+        host.form(generation=1, world_size=2, form_timeout=timedelta(seconds=2))
+    assert host.group is None
+    out = tmp_path / "received.pt"
+    member = mp.get_context("spawn").Process(target=_member, args=(port, str(out), 2))
+    member.start()
+    host.form(generation=2, world_size=2)
+    sent = _weights()
+    host.group.send(sent)
+    member.join(timeout=120)
+    assert member.exitcode == 0
+    _assert_equal(torch.load(out), sent)
 
 
 @pytest.fixture

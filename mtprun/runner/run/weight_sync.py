@@ -7,7 +7,8 @@ transfer group (mtprun/runner/weight_transfer.py), formed again whenever its mem
 
 An engine restarted mid-step is brought to the trainer's current weights through the object
 store (the broadcast needs every member; the engine rejoins the group at the next sync); a
-broadcast that fails because an engine died is finished the same way for that step.
+formation or broadcast that fails because an engine died is finished the same way for that
+step (a formation waits for a dead member up to weight_transfer.FORM_TIMEOUT).
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ class WeightSync:
 
     def _broadcast(self, trainer: TrainerGroup) -> float:
         self.pool.revive()  # a dead member would hold the group's formation until its timeout
-        if self._members != (trainer.pids[0], *self.pool.pids):
-            self._form(trainer)
-        receipts = self.pool.receive_weights(trainer.version)
         try:
+            if self._members != (trainer.pids[0], *self.pool.pids):
+                self._form(trainer)  # an engine dying as it joins fails this after FORM_TIMEOUT
+            receipts = self.pool.receive_weights(trainer.version)
             trainer.send_weights()
             return max(reload_s for _, reload_s in ray.get(receipts))
         except TrainerDied:
@@ -60,8 +61,9 @@ class WeightSync:
             if not self.pool.revive():
                 raise
             log.warning(
-                "a rollout engine died during the weight broadcast (%s); this step's weights "
-                "go through the object store, the group forms again at the next sync",
+                "a rollout engine died while the weight-transfer group formed or broadcast "
+                "(%s); this step's weights go through the object store, the group forms again "
+                "at the next sync",
                 type(err).__name__,
             )
             self._members = None
