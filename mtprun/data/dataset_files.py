@@ -15,6 +15,7 @@ keeps the rest (`scan`).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import logging
 import os
@@ -70,6 +71,18 @@ class Table:
         if self.is_jsonl:
             return []  # every record has its own keys
         return list(self.dataset.column_names)
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash that changes when a file the table reads changes (its path, size or
+        modification time), without reading any of them."""
+        stats = []
+        for source in self.files:
+            for file in sorted(source.rglob("*")) if source.is_dir() else [source]:
+                if file.is_file():
+                    stat = file.stat()
+                    stats.append((str(file.resolve()), stat.st_size, stat.st_mtime_ns))
+        return hashlib.sha256(json.dumps(stats).encode()).hexdigest()
 
     def record(self, row: int) -> dict[str, Any]:
         """Row `row` as a dict of its columns (a .jsonl line as its JSON object).

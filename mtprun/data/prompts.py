@@ -9,6 +9,7 @@ the memory-mapped table and are read when a step draws them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,6 +89,7 @@ class ConversationDataset(Sequence[Conversation]):
     memory; a conversation is parsed from the memory-mapped table when it is asked for."""
 
     def __init__(self, spec: DatasetSpec, cache_dir: str | Path | None = None):
+        self.spec = spec
         self.table = open_table(spec.path, cache_dir)
         self._parse = _conversation_parser(spec.columns, self.table.columns)
         self.rows, self.errors = scan(
@@ -103,6 +105,12 @@ class ConversationDataset(Sequence[Conversation]):
     def where(self, index: int, reason: str) -> RecordError:
         """The error of conversation `index`, located in its file."""
         return self.table.where(int(self.rows[index]), reason)
+
+    @property
+    def fingerprint(self) -> str:
+        """Changes when the conversations may: the files read or the column mapping."""
+        described = json.dumps([self.table.fingerprint, self.spec.columns.model_dump(mode="json")])
+        return hashlib.sha256(described.encode()).hexdigest()
 
 
 def _read_columns(columns: ColumnMap, table: Table) -> list[str] | None:

@@ -10,6 +10,8 @@ token by token by rendering the conversation incrementally with it
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -82,6 +84,20 @@ class Renderer:
             chat_format = chat_format_of_template(tokenizer.chat_template)
         self.chat_format = chat_format
         self.model_template = None if chat_format is not None else ModelTemplate(tokenizer)
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash that changes when rendering may: the tokenizer's vocabulary, special tokens
+        or chat template, or the chat format."""
+        tokenizer = self.tokenizer
+        described = [
+            type(tokenizer).__name__,
+            sorted(tokenizer.get_vocab().items()),
+            tokenizer.all_special_tokens,
+            tokenizer.chat_template,
+            self.chat_format.name if self.chat_format is not None else None,
+        ]
+        return hashlib.sha256(json.dumps(described).encode()).hexdigest()
 
     @property
     def stop_token_ids(self) -> list[int]:

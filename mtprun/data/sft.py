@@ -8,7 +8,9 @@ million integers, not its tokens.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,10 +62,16 @@ class PackedSft(Sequence[PackedBatch]):
         renderer: Renderer,
         mask: MaskPolicy,
         packing_length: int,
+        cache_dir: Path | None = None,
     ) -> None:
+        """`cache_dir`: where a dataset's token counts are kept, so that the next start on
+        the same files and tokenizer (a resume) does not render every conversation again."""
         self._conversations, self._renderer = conversations, renderer
         self._mask, self._packing_length = mask, packing_length
-        lengths = _token_counts(conversations, renderer)
+        if cache_dir is not None and isinstance(conversations, ConversationDataset):
+            lengths = _cached_token_counts(conversations, renderer, cache_dir)
+        else:
+            lengths = _token_counts(conversations, renderer)
         fits = lengths <= packing_length
         self.errors = [self._too_long(int(i), int(lengths[i])) for i in np.flatnonzero(~fits)]
         self._kept = np.flatnonzero(fits)
@@ -105,6 +113,26 @@ class PackedSft(Sequence[PackedBatch]):
 
 
 _PROGRESS_EVERY_S = 15.0
+
+
+def _cached_token_counts(
+    dataset: ConversationDataset, renderer: Renderer, cache_dir: Path
+) -> np.ndarray:
+    """`_token_counts`, read from `cache_dir` when an earlier start counted the same
+    conversations (same files, column mapping and tokenizer) with the same renderer."""
+    key = hashlib.sha256(f"{dataset.fingerprint} {renderer.fingerprint}".encode()).hexdigest()
+    path = cache_dir / f"sft-token-counts-{key[:24]}.npy"
+    if path.is_file():
+        counts = np.load(path)
+        if len(counts) == len(dataset):
+            log.info("SFT data: token counts of %d conversations from %s", len(counts), path)
+            return counts
+    counts = _token_counts(dataset, renderer)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.partial.npy")
+    np.save(partial, counts)
+    partial.replace(path)  # atomic: a killed run leaves no half-written counts
+    return counts
 
 
 def _token_counts(conversations: Sequence[Conversation], renderer: Renderer) -> np.ndarray:

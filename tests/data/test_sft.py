@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -63,6 +64,34 @@ def test_a_conversation_longer_than_a_row_is_a_bad_row(tmp_path, renderer, caplo
     assert len([r for r in caplog.records if "skipping bad record" in r.message]) == 2
     (row,) = rows
     assert int(row.cu_seqlens[-1]) == sum(len(renderer.render(conversations[i])) for i in (0, 2))
+
+
+def test_a_restart_reads_the_token_counts_until_the_data_or_tokenizer_changes(
+    tmp_path, renderer
+) -> None:
+    rng = random.Random(5)
+    answers = ["x" * rng.randrange(1, 40) for _ in range(30)]
+    dataset = _dataset(tmp_path, answers)
+
+    def reopened() -> ConversationDataset:  # as a resumed run opens the same file
+        return ConversationDataset(dataset.spec, tmp_path / "cache")
+
+    cache = tmp_path / "counts"
+    first = PackedSft(dataset, renderer, "sampled", PACKING, cache)
+    (saved,) = cache.glob("sft-token-counts-*.npy")
+    assert np.load(saved).tolist() == [len(renderer.render(c)) for c in dataset]
+    # The next start packs by the saved counts: told each conversation fills a row, it
+    # gives each a row of its own.
+    np.save(saved, np.full(30, PACKING))
+    again = PackedSft(reopened(), renderer, "sampled", PACKING, cache)
+    assert len(first) < 30 and len(again) == 30
+    # Another tokenizer, or other data (the file rewritten): counted again.
+    other = Renderer(build_tokenizer("glm"))
+    PackedSft(reopened(), other, "sampled", 4 * PACKING, cache)
+    assert len(list(cache.glob("sft-token-counts-*.npy"))) == 2
+    changed = _dataset(tmp_path, [*answers[:-1], "y" * 50])
+    assert len(PackedSft(changed, renderer, "sampled", PACKING, cache)) < 30
+    assert len(list(cache.glob("sft-token-counts-*.npy"))) == 3
 
 
 def test_bad_packing_lengths_are_clear_errors(tmp_path, renderer) -> None:

@@ -12,6 +12,8 @@
   model/               the initial HF model folder (built tiny model or a link to model.path)
   checkpoints/step_N/  trainer state + an HF export of the policy at step N
   export/              `mtprun export` output
+  datasets/            Arrow copies of parquet/csv/jsonl datasets (unlinked once mapped) and
+                       the SFT token counts a resume reads instead of rendering again
   ray/ vllm/           Ray's temp folder and vLLM's caches/sockets, so nothing lands in /tmp
 """
 

@@ -28,9 +28,10 @@ class SftSource:
         if data is None:
             raise ValueError("an SFT stage needs a `data:` section")
         # Both log the bad rows they skip.
-        conversations = load_conversations(data, recipe.seed, Path(recipe.run_dir) / "datasets")
+        cache = Path(recipe.run_dir) / "datasets"
+        conversations = load_conversations(data, recipe.seed, cache)
         renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
-        self.rows = PackedSft(conversations, renderer, recipe.mask, data.packing_length)
+        self.rows = PackedSft(conversations, renderer, recipe.mask, data.packing_length, cache)
         self.seed = recipe.seed
         log.info(
             "SFT data %s: %d conversations in %d packed rows of <= %d tokens",
