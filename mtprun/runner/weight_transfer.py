@@ -24,9 +24,10 @@ import torch.distributed as dist
 BUCKET_BYTES = 256 << 20  # bounds the sender's and the receiver's staging buffers
 _ALIGN = 16  # each tensor starts at a multiple of this many bytes, so its typed view is legal
 _TIMEOUT = timedelta(minutes=10)  # a member that never answers fails the send instead of hanging
-# Every member is asked to join at the same moment, so a formation is over in milliseconds;
-# one still waiting after this has a member that died on the way (an engine killed while it
-# joined), and fails, so that the run can restart that engine and form the next generation.
+# Every member is asked to join at the same moment, so a (gloo) formation is over in
+# milliseconds; one still waiting after this has a member that died on the way (an engine
+# killed while it joined), and fails, so that the run can restart that engine and form the
+# next generation.
 FORM_TIMEOUT = timedelta(seconds=60)
 
 
@@ -75,15 +76,16 @@ class TransferGroup:
         world_size: int,
         form_timeout: timedelta = FORM_TIMEOUT,
     ) -> None:
-        """Returns once every member joined; raises after `form_timeout` when one did not.
-        (The formation is bounded by the group's own timeout; each broadcast sets `_TIMEOUT`.)"""
+        """gloo: returns once every member joined, raises after `form_timeout` when one did
+        not (gloo bounds its rendezvous by the group's timeout; each broadcast sets its own).
+        NCCL connects at the first broadcast, which `_TIMEOUT` bounds."""
         prefixed = dist.PrefixStore(f"mtprun-weights/{generation}", store)
         self.device = torch.device("cuda", torch.cuda.current_device()) if _cuda() else None
         if self.device is None:
             self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, form_timeout)
         else:
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = form_timeout
+            options._timeout = _TIMEOUT
             self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
 
     @classmethod
