@@ -74,9 +74,9 @@ class WeightSync:
         self._generation += 1
         address = trainer.transfer_address()
         world = len(self.pool.actors) + 1
-        refs = [trainer.form_transfer(self._generation, world)]
-        refs += self.pool.join_transfer(address, self._generation)
-        ray.get(refs)
+        joins = self.pool.join_transfer(address, self._generation)
+        trainer.form_transfer(self._generation, world)  # a dead trainer: TrainerDied, restarted
+        ray.get(joins)
         self._members = (trainer.pids[0], *self.pool.pids)
         log.info(
             "weight-transfer group %d formed: trainer rank 0 and %d engine(s) at %s:%d",

@@ -118,9 +118,10 @@ class TrainerGroup:
         """Where the engines join rank 0's weight-transfer group."""
         return self._gather([self.actors[0].transfer_address.remote()])[0]
 
-    def form_transfer(self, generation: int, world_size: int) -> Any:
-        """Rank 0 joins the group's `generation`: an ObjectRef, ready once every member did."""
-        return self.actors[0].form_transfer.remote(generation, world_size)
+    def form_transfer(self, generation: int, world_size: int) -> None:
+        """Rank 0 forms the group's `generation` as member 0 (the engines' joins must be under
+        way); returns once every member joined. TrainerDied when rank 0 dies meanwhile."""
+        self._gather([self.actors[0].form_transfer.remote(generation, world_size)])
 
     def send_weights(self) -> int:
         """Broadcast the weights from rank 0 to the transfer group (its members receive at
