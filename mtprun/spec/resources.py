@@ -25,6 +25,15 @@ class ResourcesSection(Section):
     )
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each trainer/rollout actor takes.")
     gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each trainer/rollout actor takes.")
+    wait_for_resources_s: float = Field(
+        600,
+        ge=0,
+        description=(
+            "On a Ray cluster (ray_address), how long the run waits for the cluster to hold "
+            "the CPUs and GPUs its actors need (an autoscaler adding nodes) before it fails "
+            "with what is missing; a local instance that is too small fails at once."
+        ),
+    )
     world_size: int | None = Field(
         None,
         ge=1,

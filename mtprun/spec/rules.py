@@ -333,6 +333,26 @@ def _world_size_matches(r: Recipe) -> Iterator[Issue]:
         )
 
 
+@rule("parallel", "resources", "rollout", "task")
+def _local_ray_holds_the_actors(r: Recipe) -> Iterator[Issue]:
+    res = r.resources
+    if res.ray_address is not None:
+        return  # a cluster's size is known when the run joins it (checked then)
+    from mtprun.spec.actors import ActorDemand
+
+    demand = ActorDemand.of(r)
+    have = {"GPU": float(res.num_gpus)}
+    if res.num_cpus is not None:  # null: Ray takes this machine's cores (checked at start)
+        have["CPU"] = float(res.num_cpus)
+    for resource in demand.short_of(have):
+        if resource in have:
+            field = "num_cpus" if resource == "CPU" else "num_gpus"
+            where = f"the local Ray instance (resources.{field})"
+            yield Issue(
+                ("resources", field), demand.shortfall_message(resource, have[resource], where)
+            )
+
+
 @rule("rollout", "model", "task")
 def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
     shape = model_shape(r.model)

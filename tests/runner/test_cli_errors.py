@@ -54,6 +54,21 @@ def test_a_missing_distill_teacher_stops_the_run_before_ray(tmp_path, capsys):
     assert "ray" not in {p.name for p in (tmp_path / "run").iterdir()}
 
 
+def test_a_local_ray_instance_too_small_for_the_actors_fails_before_any_starts(tmp_path):
+    # num_cpus null: Ray takes this machine's cores, known only once it starts.
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "name: r\nmodel: {tiny: {architecture: qwen2, hidden: 64, heads: 2, kv_heads: 1}}\n"
+        "data: {source: arithmetic}\nparallel: {dp: 2}\nresources: {cpus_per_actor: 4096}\n"
+        f"run_dir: {tmp_path / 'run'}\n"
+    )
+    assert main(["run", str(recipe)]) == 1
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert "ClusterTooSmall: the run's actors need 8192 CPUs at once, 2 trainer ranks" in log
+    assert "and the local Ray instance has" in log
+    assert "trainer ready" not in log
+
+
 def test_ui_on_a_port_in_use_says_so_and_exits_1(tmp_path, capsys):
     state = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "run_id": "r"}
     RunDir(tmp_path).create().write_state({**state, "experiment_id": "0"})

@@ -131,3 +131,27 @@ def test_pipelined_sft_run_on_an_existing_ray_cluster(ray_head, tmp_path):
     assert checkpoint.steps(run_dir / "checkpoints") == [STEPS - 2, STEPS]
     assert "deleted old checkpoints of steps 2" in log
     assert actor_pids(log) and still_running(actor_pids(log)) == set()  # the cluster keeps running
+
+
+def test_a_cluster_too_small_for_the_actors_is_waited_for_then_refused(ray_head, tmp_path):
+    recipe = write_recipe(
+        tmp_path,
+        {
+            "name": "too-big",
+            "run_dir": str(tmp_path / "run"),
+            "model": {"tiny": E2E_TINY},
+            "data": {"source": "arithmetic"},
+            "parallel": {"dp": 3},  # three ranks of one CPU on the head's 2 CPUs
+            "resources": {"wait_for_resources_s": 3},
+        },
+    )
+    code, out = finish(start(recipe, "--ray-address", ray_head, cwd=tmp_path))
+    assert code == 1, out
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert f"waiting up to 3 s for the Ray cluster at {ray_head} to hold 3 CPUs (has 2)" in log
+    assert (
+        "ClusterTooSmall: the run's actors need 3 CPUs at once, 3 trainer ranks (tp*pp*cp*dp) "
+        f"at resources.cpus_per_actor 1 each, and the Ray cluster at {ray_head} (after waiting "
+        "3 s) has 2: give Ray more CPUs" in log
+    )
+    assert "trainer ready" not in log

@@ -182,6 +182,33 @@ CASES = {
         SFT + "parallel: {tp: 1, dp: 2}\nresources: {world_size: 3}\n",
         ["9:25: world_size 3 != tp*pp*cp*dp = 1*1*1*2 = 2"],
     ),
+    "local Ray instance with fewer GPUs than the actors": (
+        RL + "parallel: {dp: 2}\nresources: {gpus_per_actor: 1, num_gpus: 2}\n",
+        [
+            "10:42: the run's actors need 3 GPUs at once, 2 trainer ranks (tp*pp*cp*dp) + 1 "
+            "rollout engine (rollout.num_engines) at resources.gpus_per_actor 1 each, and the "
+            "local Ray instance (resources.num_gpus) has 2: give Ray more GPUs, lower "
+            "parallel.dp/tp/pp/cp or rollout.num_engines, or let actors share GPUs (a smaller "
+            "resources.gpus_per_actor)"
+        ],
+    ),
+    "local Ray instance without GPUs": (
+        SFT + "resources: {gpus_per_actor: 0.5}\n",
+        [
+            "8:12: the run's actors need 0.5 GPUs at once, 1 trainer rank (tp*pp*cp*dp) at "
+            "resources.gpus_per_actor 0.5 each, and the local Ray instance (resources.num_gpus) "
+            "has 0: give Ray GPUs, or set resources.gpus_per_actor: 0"
+        ],
+    ),
+    "local Ray instance with fewer CPUs than the actors": (
+        SFT + "parallel: {dp: 4}\nresources: {num_cpus: 2}\n",
+        [
+            "9:23: the run's actors need 4 CPUs at once, 4 trainer ranks (tp*pp*cp*dp) at "
+            "resources.cpus_per_actor 1 each, and the local Ray instance (resources.num_cpus) "
+            "has 2: give Ray more CPUs, lower parallel.dp/tp/pp/cp, or let actors share CPUs (a "
+            "smaller resources.cpus_per_actor)"
+        ],
+    ),
     "rollout response longer than the model's positions": (
         RL + "rollout: {max_tokens: 512}\n",
         [

@@ -46,6 +46,7 @@ from mtprun.runner.run.weight_sync import WeightSync
 from mtprun.runner.tracking.tracker import Tracker
 from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe
+from mtprun.spec.actors import ActorDemand
 
 log = logging.getLogger("mtprun")
 
@@ -162,7 +163,7 @@ class Driver:
                 )
 
     def _connect_ray(self, address: str | None) -> None:
-        connect_ray(self.recipe, self.run_dir, address)
+        connect_ray(self.recipe, self.run_dir, address, ActorDemand.of(self.recipe))
 
     def _shutdown(self) -> None:
         self._stop_engines(trainer=True)

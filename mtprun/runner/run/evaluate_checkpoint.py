@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -23,6 +24,7 @@ from mtprun.runner.run.lock import RunLock
 from mtprun.runner.run.ray_session import connect_ray
 from mtprun.runner.run.run_dir import RunDir, write_json_atomic
 from mtprun.spec import Recipe
+from mtprun.spec.actors import ActorDemand
 from mtprun.spec.eval import EvalSection
 
 log = logging.getLogger("mtprun")
@@ -56,7 +58,8 @@ def _evaluate(
     recipe: Recipe, run_dir: RunDir, policy: Path, ray_address: str | None
 ) -> dict[str, float]:
     (run_dir.root / "eval").mkdir(exist_ok=True)
-    connect_ray(recipe, run_dir, ray_address)
+    engines_only = replace(ActorDemand.of(recipe), trainer_ranks=0)  # no trainer here
+    connect_ray(recipe, run_dir, ray_address, engines_only)
     pool = collector = None
     try:
         pool = RolloutPool.start(recipe, policy, run_dir.vllm_dir)

@@ -1,25 +1,30 @@
 """Ray for a run folder: join a cluster, or start a local instance whose files stay in the
-run's temp folder."""
+run's temp folder; either way, one that cannot hold the run's actors is refused before any
+actor starts (Ray would leave an actor it cannot place waiting forever)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 import ray
 
 from mtprun.runner.run.run_dir import RunDir
 from mtprun.spec import Recipe
+from mtprun.spec.actors import ActorDemand
 
 log = logging.getLogger("mtprun")
 
 
-def connect_ray(recipe: Recipe, run_dir: RunDir, address: str | None) -> None:
+def connect_ray(recipe: Recipe, run_dir: RunDir, address: str | None, demand: ActorDemand) -> None:
+    """Ray joined or started, holding `demand` (else ClusterTooSmall)."""
     address = address or recipe.resources.ray_address
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if address:
         log.info("joining the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=False)
+        wait_for_capacity(demand, recipe.resources.wait_for_resources_s, address)
         return
     res = recipe.resources
     temp_dir = run_dir.ray_temp_dir()
@@ -31,3 +36,40 @@ def connect_ray(recipe: Recipe, run_dir: RunDir, address: str | None) -> None:
         log_to_driver=False,
         _temp_dir=str(temp_dir),
     )
+    wait_for_capacity(demand, 0, None)
+
+
+class ClusterTooSmall(RuntimeError):
+    """The Ray cluster (or local instance) holds fewer CPUs or GPUs than the run's actors need
+    at once."""
+
+
+def wait_for_capacity(
+    demand: ActorDemand, wait_s: float, address: str | None, poll_s: float = 5.0
+) -> None:
+    """Returns once Ray's resource totals hold `demand`; ClusterTooSmall after `wait_s`
+    seconds (a cluster may grow while an autoscaler adds nodes; `address` None is the local
+    instance, which never does)."""
+    deadline = time.monotonic() + wait_s
+    next_note = time.monotonic()
+    while True:
+        have = ray.cluster_resources()
+        short = demand.short_of(have)
+        if not short:
+            return
+        where = f"the Ray cluster at {address}" if address else "the local Ray instance"
+        if time.monotonic() >= deadline:
+            resource = short[0]
+            waited = f" (after waiting {wait_s:g} s)" if wait_s else ""
+            raise ClusterTooSmall(
+                demand.shortfall_message(resource, have.get(resource, 0.0), where + waited)
+            )
+        if time.monotonic() >= next_note:
+            log.info(
+                "waiting up to %g s for %s to hold %s (resources.wait_for_resources_s)",
+                wait_s,
+                where,
+                ", ".join(f"{demand.need(r):g} {r}s (has {have.get(r, 0):g})" for r in short),
+            )
+            next_note = time.monotonic() + 30
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,76 @@
+"""What a run's Ray actors ask of the cluster.
+
+The trainer ranks (tp*pp*cp*dp of them) live for the whole run; an RL run's rollout engines
+(`rollout.num_engines`) live beside them. Each actor reserves `resources.cpus_per_actor` CPUs
+and `resources.gpus_per_actor` GPUs, so the cluster must hold the sum at once: an actor that
+Ray cannot place waits forever, and the run with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from mtprun.spec.recipe import Recipe
+
+Resource = Literal["CPU", "GPU"]
+_PER_ACTOR_FIELD: dict[Resource, str] = {
+    "CPU": "resources.cpus_per_actor",
+    "GPU": "resources.gpus_per_actor",
+}
+_SLACK = 1e-9  # fractional shares (0.1 x 10) must not fail on rounding
+
+
+@dataclass(frozen=True)
+class ActorDemand:
+    trainer_ranks: int
+    engines: int
+    cpus_per_actor: float
+    gpus_per_actor: float
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> ActorDemand:
+        res = recipe.resources
+        engines = recipe.rollout.num_engines if recipe.is_rl else 0
+        return cls(recipe.parallel.world_size, engines, res.cpus_per_actor, res.gpus_per_actor)
+
+    def need(self, resource: Resource) -> float:
+        per_actor = self.cpus_per_actor if resource == "CPU" else self.gpus_per_actor
+        return (self.trainer_ranks + self.engines) * per_actor
+
+    def short_of(self, have: dict[str, float]) -> list[Resource]:
+        """The resources of which `have` (Ray's resource totals) holds less than the actors
+        need."""
+        resources: tuple[Resource, ...] = ("CPU", "GPU")
+        return [r for r in resources if self.need(r) > have.get(r, 0.0) + _SLACK]
+
+    def shortfall_message(self, resource: Resource, have: float, where: str) -> str:
+        """Why the actors do not fit `where` (which has `have` of `resource`), and what to
+        change."""
+        per_actor = self.cpus_per_actor if resource == "CPU" else self.gpus_per_actor
+        groups = [
+            (self.trainer_ranks, "trainer rank", "tp*pp*cp*dp", "parallel.dp/tp/pp/cp"),
+            (self.engines, "rollout engine", "rollout.num_engines", "rollout.num_engines"),
+        ]
+        actors = " + ".join(f"{_plural(n, noun)} ({why})" for n, noun, why, _ in groups if n)
+        fewer = " or ".join(knob for n, _, _, knob in groups if n)
+        field = _PER_ACTOR_FIELD[resource]
+        remedy = (
+            f"give Ray {resource}s, or set {field}: 0"
+            if have <= 0
+            else f"give Ray more {resource}s, lower {fewer}, or let actors share {resource}s "
+            f"(a smaller {field})"
+        )
+        return (
+            f"the run's actors need {_amount(self.need(resource))} {resource}s at once, "
+            f"{actors} at {field} {per_actor:g} each, and {where} has {_amount(have)}: {remedy}"
+        )
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _amount(x: float) -> str:
+    return f"{round(x, 3):g}"
