@@ -6,7 +6,9 @@ each case it builds a random-init HF checkpoint, loads it into mtprun's `Trainer
 process group of one), runs optimizer steps
 on random packed batches and reports the head-loss metrics, step time and peak memory; then
 it exports the weights to HF format, checks the trainer's log-probs against transformers, and
-checks that a Trainer loaded from its state_dict takes the same next step.
+checks that a Trainer loaded from its state_dict takes the same next step. Last, on one GPU, a
+recipe whose micro batch cannot fit the GPU must be refused (TrainerDoesNotFit) before the
+trainer allocates anything.
 The distill case also runs a frozen teacher of the same shape in every micro batch. With
 `--pp N` the trainer is split into N pipeline stages, with `--cp N` every micro batch's tokens
 over N context-parallel ranks; one process and GPU per rank (NCCL), and the last rank reports
@@ -40,6 +42,7 @@ from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
+from mtprun.runner.trainer.fits import TrainerDoesNotFit
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyModel
 from mtprun.spec.recipe import Recipe
@@ -227,7 +230,33 @@ def run_cases(
                 traceback.print_exc()
                 results.append({"case": case.name, "error": f"{type(error).__name__}: {error}"})
             print(json.dumps(results[-1]), flush=True)
+        if device == "cuda" and not layout:
+            results.append(refused_past_memory(size, Path(tmp)))
+            print(json.dumps(results[-1]), flush=True)
     return results
+
+
+def refused_past_memory(size: tuple, work: Path) -> dict:
+    """A Trainer asked for 2^20-token micro batches on this GPU: refused before it allocates
+    (the estimate's activations alone exceed an 80 GiB card)."""
+    hidden, layers, heads, kv_heads, inter, vocab, _, _ = size
+    spec = TinyModel(
+        hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, intermediate=inter,
+        vocab=vocab, max_seq_len=1024,
+    )  # fmt: skip
+    folder = build_tiny_model(spec, build_tokenizer("char"), work / "refused", seed=0)
+    recipe = smoke_recipe(
+        folder, "bfloat16", [{"kind": "ce"}], False, {"micro_batch_tokens": 2**20}, {}
+    )
+    before = torch.cuda.memory_allocated()
+    result: dict[str, Any] = {"case": "refused: 2^20-token micro batches"}
+    try:
+        Trainer(recipe, folder, compile_recipe(recipe), "cuda")
+        result["error"] = "not refused"
+    except TrainerDoesNotFit as refused:
+        result["refused"] = str(refused)
+        result["allocated_MiB"] = round((torch.cuda.memory_allocated() - before) / 2**20, 1)
+    return result
 
 
 def _rank_process(rank: int, port: int, out: Path, layout: dict, steps: int) -> None:

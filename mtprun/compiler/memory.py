@@ -398,8 +398,9 @@ def recipe_trainer_memory(recipe: Recipe, plan: HeadPlan | None = None) -> Train
     )
 
 
-def over_budget_message(memory: TrainerMemory, gib: float, micro_batch_tokens: int) -> str:
-    """Why `memory` does not fit in `gib` GiB per GPU, and what to change."""
+def over_budget_message(memory: TrainerMemory, budget: str, micro_batch_tokens: int) -> str:
+    """Why `memory` does not fit in `budget` (the memory it was held against, in words), and
+    what to change."""
     parts = memory.parts()
     largest = memory.largest()
     where = f" (pipeline stage {memory.stage} of {memory.stages})" if memory.stages > 1 else ""
@@ -410,9 +411,8 @@ def over_budget_message(memory: TrainerMemory, gib: float, micro_batch_tokens: i
     )
     return (
         f"the trainer needs an estimated {_gib(memory.total)} GiB per rank{where}, more than "
-        f"resources.gpu_memory_gib {gib:g}; {PART_LABELS[largest]} is the largest part "
-        f"({breakdown} GiB; `mtprun plan` shows how they are counted): "
-        + _remedy(memory, largest, micro_batch_tokens)
+        f"{budget}; {PART_LABELS[largest]} is the largest part ({breakdown} GiB; "
+        "`mtprun plan` shows how they are counted): " + _remedy(memory, largest, micro_batch_tokens)
     )
 
 

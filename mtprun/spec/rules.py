@@ -496,6 +496,8 @@ def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
         return
     yield Issue(
         ("resources", "gpu_memory_gib"),
-        over_budget_message(memory, gib, r.trainer.micro_batch_tokens),
+        over_budget_message(
+            memory, f"resources.gpu_memory_gib {gib:g}", r.trainer.micro_batch_tokens
+        ),
         "warning",
     )

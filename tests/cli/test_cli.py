@@ -109,7 +109,7 @@ def test_plan_json_round_trips_to_the_compiled_plan(capsys) -> None:
 def test_plan_view_shows_passes_collectives_and_memory(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # one table row per line
     recipe_path = REPO / "recipes" / "quickstart.yaml"
-    overrides = ["parallel.tp=2", "model.tiny.kv_heads=2"]
+    overrides = ["parallel.tp=2", "model.tiny.kv_heads=2", "resources.num_cpus=3"]
     assert main(["plan", str(recipe_path), *overrides]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "vocab passes" in out and "1 statistics pass" in out
@@ -334,6 +334,7 @@ def test_plan_shows_the_rl_loop_and_the_weights_it_moves(tmp_path, capsys, monke
     overrides = [
         "rollout.max_staleness=2",
         "rollout.num_engines=3",
+        "resources.num_cpus=4",
         "rollout.weight_transfer=object_store",
         "model.dtype=bfloat16",
     ]

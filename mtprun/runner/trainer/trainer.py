@@ -37,6 +37,7 @@ from mtprun.models.pp_layout import (
 from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.net import free_port
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
+from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
 from mtprun.runner.trainer.model import MTP_PREFIX, load_policy_model
 from mtprun.runner.trainer.optim import NormScope, build_groups
@@ -64,6 +65,7 @@ class Trainer:
                 f"model.dtype: {recipe.model.dtype} trains under autocast, which Megatron-core "
                 "supports on CUDA devices only; use model.dtype: float32 on CPU"
             )
+        refuse_what_cannot_fit(recipe, plan, self.device)
         _check_context_parallel(plan, recipe.parallel.cp)
         _ensure_parallel(recipe)
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
