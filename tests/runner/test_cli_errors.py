@@ -69,6 +69,21 @@ def test_a_local_ray_instance_too_small_for_the_actors_fails_before_any_starts(t
     assert "trainer ready" not in log
 
 
+def test_an_error_inside_a_trainer_actor_is_reported_as_itself(tmp_path):
+    recipe = tmp_path / "r.yaml"  # bf16 autocast: Megatron-core runs it on CUDA only
+    recipe.write_text(
+        "name: r\nmodel:\n  tiny: {architecture: qwen2, hidden: 64, heads: 2, kv_heads: 1}\n"
+        f"  dtype: bfloat16\ndata: {{source: arithmetic}}\nrun_dir: {tmp_path / 'run'}\n"
+    )
+    assert main(["run", str(recipe)]) == 1
+    log = (tmp_path / "run" / "log.txt").read_text()
+    error = next(line for line in log.splitlines() if "ERROR run failed" in line)
+    assert error.endswith(
+        "run failed at step 0: ValueError: model.dtype: bfloat16 trains under autocast, which "
+        "Megatron-core supports on CUDA devices only; use model.dtype: float32 on CPU"
+    ), error
+
+
 def test_ui_on_a_port_in_use_says_so_and_exits_1(tmp_path, capsys):
     state = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "run_id": "r"}
     RunDir(tmp_path).create().write_state({**state, "experiment_id": "0"})

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayTaskError
 from rich.console import Console
 from rich.progress import TaskID
 
@@ -119,11 +120,7 @@ class Driver:
 
     def _fail(self, err: BaseException) -> int:
         status = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-        text = (
-            "interrupted"
-            if status == "KILLED"
-            else "".join(traceback.format_exception_only(type(err), err)).strip()
-        )
+        text = "interrupted" if status == "KILLED" else _error_text(err)
         log.error("run %s at step %d: %s", status.lower(), self.step, text)
         log.debug("%s", "".join(traceback.format_exception(err)))
         try:
@@ -381,3 +378,11 @@ class Driver:
             deleted = checkpoint.prune(self.run_dir.checkpoints, keep, stage_ends)
             if deleted:
                 log.info("deleted old checkpoints of steps %s", ", ".join(map(str, deleted)))
+
+
+def _error_text(err: BaseException) -> str:
+    """The error's type and message; for an error raised inside an actor, the original one
+    (Ray's wrapper repeats the actor's whole traceback, which the debug log keeps)."""
+    if isinstance(err, RayTaskError) and isinstance(err.cause, BaseException):
+        err = err.cause
+    return "".join(traceback.format_exception_only(type(err), err)).strip()
