@@ -24,6 +24,8 @@ _SLACK = 1e-9  # fractional shares (0.1 x 10) must not fail on rounding
 
 @dataclass(frozen=True)
 class ActorDemand:
+    """The run's actors (trainer ranks, rollout engines) and what each one reserves."""
+
     trainer_ranks: int
     engines: int
     cpus_per_actor: float
