@@ -22,6 +22,7 @@ mtprun runs, on N processes and GPUs; the last rank reports (peak: the largest r
     python bench/trainer_gpu.py --cp 2 --seq 32768                 # 1.5B, two H200
     python bench/trainer_gpu.py --seq 2048 --workload sft --micro-batch-tokens 4096 \\
         --recompute selective --json $OUT/rows.json
+    python bench/trainer_gpu.py --mixed-lengths --trainers mtprun   # RL-like packed rows
     python bench/trainer_gpu.py --cpu-dry-run                      # tiny sizes on CPU
 """
 
@@ -64,7 +65,8 @@ LR = 1e-4  # smoke_recipe's, for the peers too
 GRAD_CLIP = 1.0
 MFU_FORMULA = (
     "MFU = [6 (non-embedding params + H V) tokens + 6 L H s tokens] / step time / "
-    "({peak:g} TFLOP/s x GPUs); H hidden, V vocab, L layers, s sequence length, tokens per step"
+    "({peak:g} TFLOP/s x GPUs); H hidden, V vocab, L layers, s sequence length, tokens per step "
+    "(sequences of mixed lengths s_i: 6 L H sum s_i^2 in place of 6 L H s tokens)"
 )
 
 
@@ -92,11 +94,11 @@ class Shape:
         attention = 2 * h * h + h + 2 * (h * kv + kv)
         return self.layers * (attention + 3 * h * self.ffn + 2 * h) + h
 
-    def step_flops(self, seq: int, tokens: int) -> float:
-        """Model FLOPs of one step (forward + backward) over `tokens` tokens in sequences of
-        `seq`: the numerator of MFU_FORMULA."""
-        dense = 6 * (self.body_params + self.hidden * self.vocab) * tokens
-        return dense + 6 * self.layers * self.hidden * seq * tokens
+    def step_flops(self, lengths: list[int]) -> float:
+        """Model FLOPs of one step (forward + backward) over sequences of `lengths`: the
+        numerator of MFU_FORMULA."""
+        dense = 6 * (self.body_params + self.hidden * self.vocab) * sum(lengths)
+        return dense + 6 * self.layers * self.hidden * sum(n * n for n in lengths)
 
 
 SHAPES = {
@@ -110,24 +112,41 @@ CPU_SHAPE = Shape("cpu-tiny", 128, 2, 4, 2, 256, 256)  # tp 2 divides its KV hea
 class Config:
     """One configuration: the step holds `step_tokens` tokens as sequences of `seq`, every
     trainer takes them in micro batches of `micro_tokens` (whole sequences; 0 when a sequence
-    is longer than the micro batches asked for)."""
+    is longer than the micro batches asked for). `mixed`: sequences of random lengths in
+    [seq/2, 3 seq/2] instead (as RL rollouts are; one micro batch per step)."""
 
     shape: Shape
     workload: str
     seq: int
     step_tokens: int
     micro_tokens: int
+    mixed: bool = False
 
     @classmethod
-    def of(cls, shape: Shape, workload: str, seq: int, step: int, micro: int | None) -> Config:
+    def of(
+        cls, shape: Shape, workload: str, seq: int, step: int, micro: int | None, mixed: bool
+    ) -> Config:
         """`micro` None: one micro batch per step."""
         step = max(step, seq)  # a sequence longer than the step is a step of its own
         if step % seq:
             raise SystemExit(f"{step} tokens per step are no whole number of {seq}-token sequences")
+        if mixed and micro not in (None, step):
+            raise SystemExit("--mixed-lengths runs one micro batch per step")
         micro = step if micro is None else micro // seq * seq
         if micro and step % micro:
             raise SystemExit(f"seq {seq}: {step} step tokens are no whole number of {micro}")
-        return cls(shape, workload, seq, step, micro)
+        return cls(shape, workload, seq, step, micro, mixed)
+
+    def lengths(self) -> list[int]:
+        """The step's sequence lengths (seeded: the same on every call)."""
+        if not self.mixed:
+            return [self.seq] * (self.step_tokens // self.seq)
+        g = torch.Generator().manual_seed(self.seq)
+        lengths: list[int] = []
+        while (left := self.step_tokens - sum(lengths)) > 0:
+            n = int(torch.randint(self.seq // 2, self.seq * 3 // 2 + 1, (1,), generator=g))
+            lengths.append(min(n, left))
+        return lengths
 
     @property
     def rl(self) -> bool:
@@ -136,13 +155,14 @@ class Config:
     def step_batch(self, device: str) -> PackedBatch:
         """The step's tokens as one packed row (the peers' [B, S] view), the same on every
         call and for every micro batch size."""
-        lengths = [self.seq] * (self.step_tokens // self.seq)
-        batch = random_batch(self.shape.vocab, self.step_tokens, 0, self.rl, "cpu", lengths)
+        batch = random_batch(self.shape.vocab, self.step_tokens, 0, self.rl, "cpu", self.lengths())
         return _near_policy(batch, self.shape.vocab).to(device)
 
     def micro_batches(self, device: str) -> list[PackedBatch]:
         """The step's tokens in micro batches of `micro_tokens`."""
         batch, size = self.step_batch(device), self.micro_tokens
+        if size == self.step_tokens:
+            return [batch]
         cu = torch.arange(0, size + 1, self.seq, dtype=torch.int32, device=device)
         parts = []
         for start in range(0, self.step_tokens, size):
@@ -203,7 +223,8 @@ def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict
         lambda: trainer.train_step(batches)["loss"], args.warmup, args.steps, args.device
     )
     micro = f"{cfg.micro_tokens} tok x{len(batches)}"
-    return Measured(times, loss, micro, f"recompute {args.recompute}")
+    mixed = ", lengths in [s/2, 3s/2]" if cfg.mixed else ""
+    return Measured(times, loss, micro, f"recompute {args.recompute}{mixed}")
 
 
 @contextlib.contextmanager
@@ -332,7 +353,7 @@ def measure(
     if measured is None:
         return {**row, "peak_GiB": peak}
     step = statistics.median(measured.times)
-    flops = cfg.shape.step_flops(cfg.seq, cfg.step_tokens)
+    flops = cfg.shape.step_flops(cfg.lengths())
     return {
         **row,
         "micro_batch": measured.micro_batch,
@@ -352,6 +373,8 @@ def _skip_reason(trainer: str, cfg: Config, args: argparse.Namespace) -> str:
             return "Liger-Kernel needs CUDA"
         if importlib.util.find_spec("liger_kernel") is None:
             return "liger_kernel is not installed"
+    if cfg.mixed and trainer != "mtprun":
+        return "the peers' [B, S] micro batches need sequences of one length"
     if not cfg.micro_tokens:
         micro = args.micro_batch_tokens
         return f"a {cfg.seq}-token sequence does not fit {micro}-token micro batches"
@@ -427,7 +450,7 @@ def model_folder(shape: Shape, max_seq: int, root: Path, dtype: str, device: str
         print(f"model folder: {folder} (reused)", flush=True)
         return folder
     start = time.perf_counter()
-    spec, tokenizer = shape.tiny(max(max_seq, 512)), build_tokenizer("char")
+    spec, tokenizer = shape.tiny(max(max_seq, 32768)), build_tokenizer("char")  # Qwen2.5's
     try:
         with _defaults(getattr(torch, dtype), device):
             build_tiny_model(spec, tokenizer, folder, seed=0)
@@ -505,6 +528,10 @@ def parse_args() -> argparse.Namespace:
         "(mtprun's trainer.micro_batch_tokens; default: the step's, one micro batch per step)",
     )  # fmt: skip
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    parser.add_argument(
+        "--mixed-lengths", action="store_true",
+        help="sequences of random lengths in [seq/2, 3 seq/2] (mtprun only; one micro batch)",
+    )  # fmt: skip
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (mtprun only)")
     parser.add_argument("--cp", type=int, default=1, help="context-parallel ranks (mtprun only)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU, for MFU")
@@ -519,7 +546,9 @@ def parse_args() -> argparse.Namespace:
     args.warmup = (1 if cpu else 2) if args.warmup is None else args.warmup
     args.step_tokens = args.step_tokens or (128 if cpu else 16384)
     args.configs = [
-        Config.of(args.shape, workload, seq, args.step_tokens, args.micro_batch_tokens)
+        Config.of(
+            args.shape, workload, seq, args.step_tokens, args.micro_batch_tokens, args.mixed_lengths
+        )
         for workload in args.workload
         for seq in args.seq
     ]

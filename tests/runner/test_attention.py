@@ -13,7 +13,9 @@ from mtprun.runner.trainer.attention import (
     BLOCK,
     PADDED_WORK_LIMIT,
     PaddedRows,
+    SequenceSpans,
     _sdpa_padded,
+    _sdpa_spans,
     packed_block_mask,
     packed_causal_mask,
 )
@@ -129,6 +131,31 @@ def test_padded_sdpa_matches_float64_masked_softmax(lengths):
     expected = torch.autograd.grad(want, (q, k, v), grad)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("lengths", [[64], [50, 64, 37, 60], [1, 90, 8]])
+def test_per_sequence_sdpa_matches_float64_masked_softmax(lengths):
+    g = torch.Generator().manual_seed(sum(lengths) + 1)
+    heads, groups, dim = 6, 2, 16
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    tokens = sum(lengths)
+    q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(tokens, 1, groups, dim, generator=g, dtype=torch.float64, requires_grad=True)
+        for _ in range(2)
+    )
+    out = _sdpa_spans(q, k, v, SequenceSpans.of(lengths))[:, 0]
+    want = _float64_packed_attention(q[:, 0], k[:, 0], v[:, 0], cu_seqlens)
+    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    expected = torch.autograd.grad(want, (q, k, v), grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_sequence_spans_are_the_rows_sequences():
+    assert SequenceSpans.of([5, 1, 3]).spans == ((0, 5), (5, 6), (6, 9))
 
 
 def test_padded_layout_and_its_work_ratio():

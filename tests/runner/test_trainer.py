@@ -261,6 +261,11 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
     broken.cu_seqlens = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seqlens"):
         trainer.train_step([broken])
+    too_long = random_packed_batch(trainer.dims.vocab, [8, TINY["max_seq_len"] + 1], seed=7)
+    with pytest.raises(ValueError, match="a packed sequence of 257 tokens is longer than the"):
+        trainer.train_step([too_long])
+    with pytest.raises(ValueError, match="model's 256 positions"):
+        trainer.logprobs([too_long])
 
 
 def test_init_parallel_refuses_a_layout_that_does_not_match_the_processes():

@@ -13,6 +13,9 @@ Megatron's eight unfused ops per tensor) and applies the mask:
   SDPA, which runs cuDNN's fused attention on Hopper: 1.5-1.8x faster than the packed
   kernels torch ships (bench/packed_attention.py). Taken while the padded causal work
   B * S_max^2 stays within PADDED_WORK_LIMIT of the packed work sum(L_i^2).
+- CUDA, a few sequences of unlike lengths (at most SPAN_LIMIT, no context parallelism): SDPA
+  once per sequence on its own slice of the row (`SequenceSpans`): neither padding nor a
+  mask, at cuDNN's speed, for a launch per sequence and layer.
 - CUDA otherwise: FlexAttention with a block mask built from the sequences' extents. Block
   pairs that cross no sequence boundary and lie under the diagonal are full (no mask
   evaluated), pairs in different sequences or above the diagonal are skipped, the rest
@@ -39,6 +42,11 @@ BLOCK = 128  # FlexAttention's tile along queries and keys
 # Padded causal work over packed causal work up to which SDPA on a padded batch beats
 # FlexAttention on the packed row (flex takes 1.5-1.8x cuDNN's time for the same work).
 PADDED_WORK_LIMIT = 1.5
+# Sequences of a row up to which attention runs once per sequence. A few long sequences
+# gain cuDNN's speed (1.5B model, 16384-token rows of 2 sequences of 4-12k tokens: step
+# 0.54 -> 0.43 s on an H100); 9 sequences of ~2k were even with FlexAttention, 14 of ~300
+# took 1.8x its time (a launch per sequence and layer).
+SPAN_LIMIT = 4
 
 
 @dataclass(frozen=True)
@@ -159,16 +167,31 @@ class PaddedRows:
 
 def packed_attention_mask(
     cu_seqlens: torch.Tensor, shard: TokenShard, device: torch.device
-) -> torch.Tensor | BlockMask | PaddedRows:
-    """What `PackedAttention` takes on `device` (see the module docstring): a padded layout
-    or a BlockMask on CUDA, a dense mask elsewhere."""
+) -> torch.Tensor | BlockMask | PaddedRows | SequenceSpans:
+    """What `PackedAttention` takes on `device` (see the module docstring): a padded layout,
+    the sequences' spans or a BlockMask on CUDA, a dense mask elsewhere."""
     if torch.device(device).type != "cuda":
         return packed_causal_mask(cu_seqlens, shard, device)
     if shard.size == 1:
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()  # one host read for both
         if PaddedRows.work_ratio(lengths) <= PADDED_WORK_LIMIT:
             return PaddedRows.of(lengths, device)
+        if len(lengths) <= SPAN_LIMIT:
+            return SequenceSpans.of(lengths)
     return packed_block_mask(cu_seqlens, shard, device)
+
+
+@dataclass(frozen=True)
+class SequenceSpans:
+    """A packed row's sequences as (start, end) token spans, for attention one sequence at a
+    time."""
+
+    spans: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, lengths: list[int]) -> SequenceSpans:
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        return cls(tuple(zip([0, *ends[:-1]], ends, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -179,12 +202,14 @@ class PackedRows:
     micro batch, not per layer). Passed as the layer's attention mask, with no rotary table,
     so that Megatron's unfused RoPE does not run."""
 
-    mask: torch.Tensor | BlockMask | PaddedRows
+    mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans
     cos: torch.Tensor
     sin: torch.Tensor
 
     @classmethod
-    def of(cls, mask: torch.Tensor | BlockMask | PaddedRows, angles: torch.Tensor) -> PackedRows:
+    def of(
+        cls, mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans, angles: torch.Tensor
+    ) -> PackedRows:
         return cls(mask, angles.cos(), angles.sin())
 
 
@@ -230,6 +255,8 @@ class PackedAttention(DotProductAttention):
         # else: Megatron's own GPTModel.forward, which rotated q and k itself
         if isinstance(mask, PaddedRows):
             return _sdpa_padded(query, key, value, mask)
+        if isinstance(mask, SequenceSpans):
+            return _sdpa_spans(query, key, value, mask)
         cp = parallel_state.get_context_parallel_world_size()
         if cp > 1:
             group = parallel_state.get_context_parallel_group()
@@ -267,3 +294,17 @@ def _sdpa_padded(query, key, value, rows: PaddedRows) -> torch.Tensor:
     if rows.index is not None:
         out = out.index_select(0, rows.index)
     return out.unsqueeze(1)
+
+
+def _sdpa_spans(query, key, value, spans: SequenceSpans) -> torch.Tensor:
+    """[T, 1, heads, d] query, [T, 1, groups, d] keys/values -> [T, 1, heads * d], through
+    causal SDPA on each sequence's span of the row ([1, heads, n, d] views, GQA by the
+    kernel)."""
+    q, k, v = (t.squeeze(1).transpose(0, 1) for t in (query, key, value))  # [heads, T, d]
+    outs = [
+        F.scaled_dot_product_attention(
+            q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True, enable_gqa=True
+        )[0]
+        for a, b in spans.spans
+    ]
+    return torch.cat(outs, 1).transpose(0, 1).flatten(1).unsqueeze(1)

@@ -232,6 +232,7 @@ class PolicyModel(GPTModel):
 
     def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
         shard = shard or TokenShard(0, 1, input_ids.numel())
+        _check_sequence_lengths(cu_seqlens, self.max_sequence_length)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
         # packed_seq: rows are indexed by position id here, so Megatron must not cut the
         # table for a context-parallel rank itself.
@@ -365,3 +366,15 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     for path in files:
         tensors.update(load_file(str(path)))
     return tensors
+
+
+def _check_sequence_lengths(cu_seqlens: torch.Tensor, positions: int) -> None:
+    """ValueError for a sequence longer than the rotary table: its position ids would index
+    past it, which on a GPU is a device-side assert that kills the process."""
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    if longest > positions:
+        raise ValueError(
+            f"a packed sequence of {longest} tokens is longer than the model's "
+            f"{positions} positions (max_position_embeddings): shorten it (data.packing_length, "
+            "rollout.max_tokens) or train a model with more positions"
+        )
