@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -190,7 +191,7 @@ class SequenceSpans:
 
     @classmethod
     def of(cls, lengths: list[int]) -> SequenceSpans:
-        ends = torch.tensor(lengths).cumsum(0).tolist()
+        ends = list(accumulate(lengths))
         return cls(tuple(zip([0, *ends[:-1]], ends, strict=True)))
 
 
