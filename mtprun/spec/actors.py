@@ -37,9 +37,11 @@ class ActorDemand:
         engines = recipe.rollout.num_engines if recipe.is_rl else 0
         return cls(recipe.parallel.world_size, engines, res.cpus_per_actor, res.gpus_per_actor)
 
+    def per_actor(self, resource: Resource) -> float:
+        return self.cpus_per_actor if resource == "CPU" else self.gpus_per_actor
+
     def need(self, resource: Resource) -> float:
-        per_actor = self.cpus_per_actor if resource == "CPU" else self.gpus_per_actor
-        return (self.trainer_ranks + self.engines) * per_actor
+        return (self.trainer_ranks + self.engines) * self.per_actor(resource)
 
     def short_of(self, have: dict[str, float]) -> list[Resource]:
         """The resources of which `have` (Ray's resource totals) holds less than the actors
@@ -50,7 +52,6 @@ class ActorDemand:
     def shortfall_message(self, resource: Resource, have: float, where: str) -> str:
         """Why the actors do not fit `where` (which has `have` of `resource`), and what to
         change."""
-        per_actor = self.cpus_per_actor if resource == "CPU" else self.gpus_per_actor
         groups = [
             (self.trainer_ranks, "trainer rank", "tp*pp*cp*dp", "parallel.dp/tp/pp/cp"),
             (self.engines, "rollout engine", "rollout.num_engines", "rollout.num_engines"),
@@ -66,7 +67,8 @@ class ActorDemand:
         )
         return (
             f"the run's actors need {_amount(self.need(resource))} {resource}s at once, "
-            f"{actors} at {field} {per_actor:g} each, and {where} has {_amount(have)}: {remedy}"
+            f"{actors} at {field} {self.per_actor(resource):g} each, and {where} has "
+            f"{_amount(have)}: {remedy}"
         )
 
 

@@ -4,6 +4,8 @@ shares), when the padded layout is taken, and recomputation modes against none."
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
@@ -110,20 +112,19 @@ def _float64_packed_attention(q, k, v, cu_seqlens):
     return out.transpose(0, 1).flatten(1)
 
 
-@pytest.mark.parametrize("lengths", [[64, 64, 64], [50, 64, 37, 60], [1, 8, 8]])
-def test_padded_sdpa_matches_float64_masked_softmax(lengths):
-    g = torch.Generator().manual_seed(sum(lengths))
+def _assert_matches_float64_masked_softmax(attend, lengths: list[int], seed: int) -> None:
+    """`attend(q, k, v)` ([T, 1, heads|groups, d] -> [T, 1, heads * d]) against float64
+    per-sequence causal attention, output and gradients, on fresh random inputs."""
+    g = torch.Generator().manual_seed(seed)
     heads, groups, dim = 6, 2, 16
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    rows = PaddedRows.of(lengths, "cpu")
-    assert (rows.index is None) == (len(set(lengths)) == 1)
     tokens = sum(lengths)
     q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
     k, v = (
         torch.randn(tokens, 1, groups, dim, generator=g, dtype=torch.float64, requires_grad=True)
         for _ in range(2)
     )
-    out = _sdpa_padded(q, k, v, rows)[:, 0]
+    out = attend(q, k, v)[:, 0]
     want = _float64_packed_attention(q[:, 0], k[:, 0], v[:, 0], cu_seqlens)
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
     grad = torch.randn_like(out)
@@ -131,27 +132,20 @@ def test_padded_sdpa_matches_float64_masked_softmax(lengths):
     expected = torch.autograd.grad(want, (q, k, v), grad)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("lengths", [[64, 64, 64], [50, 64, 37, 60], [1, 8, 8]])
+def test_padded_sdpa_matches_float64_masked_softmax(lengths):
+    rows = PaddedRows.of(lengths, "cpu")
+    assert (rows.index is None) == (len(set(lengths)) == 1)
+    attend = partial(_sdpa_padded, rows=rows)
+    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths))
 
 
 @pytest.mark.parametrize("lengths", [[64], [50, 64, 37, 60], [1, 90, 8]])
 def test_per_sequence_sdpa_matches_float64_masked_softmax(lengths):
-    g = torch.Generator().manual_seed(sum(lengths) + 1)
-    heads, groups, dim = 6, 2, 16
-    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    tokens = sum(lengths)
-    q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
-    k, v = (
-        torch.randn(tokens, 1, groups, dim, generator=g, dtype=torch.float64, requires_grad=True)
-        for _ in range(2)
-    )
-    out = _sdpa_spans(q, k, v, SequenceSpans.of(lengths))[:, 0]
-    want = _float64_packed_attention(q[:, 0], k[:, 0], v[:, 0], cu_seqlens)
-    torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad)
-    expected = torch.autograd.grad(want, (q, k, v), grad)
-    for a, b in zip(got, expected, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+    attend = partial(_sdpa_spans, spans=SequenceSpans.of(lengths))
+    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + 1)
 
 
 def test_sequence_spans_are_the_rows_sequences():

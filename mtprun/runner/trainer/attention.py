@@ -167,14 +167,14 @@ class PaddedRows:
 
 
 def packed_attention_mask(
-    cu_seqlens: torch.Tensor, shard: TokenShard, device: torch.device
+    cu_seqlens: torch.Tensor, lengths: list[int], shard: TokenShard, device: torch.device
 ) -> torch.Tensor | BlockMask | PaddedRows | SequenceSpans:
     """What `PackedAttention` takes on `device` (see the module docstring): a padded layout,
-    the sequences' spans or a BlockMask on CUDA, a dense mask elsewhere."""
+    the sequences' spans or a BlockMask on CUDA, a dense mask elsewhere. `lengths`: the
+    sequences' lengths, read from `cu_seqlens` to the host once by the caller."""
     if torch.device(device).type != "cuda":
         return packed_causal_mask(cu_seqlens, shard, device)
     if shard.size == 1:
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()  # one host read for both
         if PaddedRows.work_ratio(lengths) <= PADDED_WORK_LIMIT:
             return PaddedRows.of(lengths, device)
         if len(lengths) <= SPAN_LIMIT:

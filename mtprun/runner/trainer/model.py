@@ -232,13 +232,14 @@ class PolicyModel(GPTModel):
 
     def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
         shard = shard or TokenShard(0, 1, input_ids.numel())
-        _check_sequence_lengths(cu_seqlens, self.max_sequence_length)
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()  # one host read, two uses
+        _check_sequence_lengths(lengths, self.max_sequence_length)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
         # packed_seq: rows are indexed by position id here, so Megatron must not cut the
         # table for a context-parallel rank itself.
         table = self.rotary_pos_emb(self.max_sequence_length, packed_seq=True)
         rows = PackedRows.of(
-            packed_attention_mask(cu_seqlens, shard, input_ids.device),
+            packed_attention_mask(cu_seqlens, lengths, shard, input_ids.device),
             table.to(position_ids.device)[position_ids],
         )
         if self.pre_process:
@@ -368,10 +369,10 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _check_sequence_lengths(cu_seqlens: torch.Tensor, positions: int) -> None:
+def _check_sequence_lengths(lengths: list[int], positions: int) -> None:
     """ValueError for a sequence longer than the rotary table: its position ids would index
     past it, which on a GPU is a device-side assert that kills the process."""
-    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    longest = max(lengths)
     if longest > positions:
         raise ValueError(
             f"a packed sequence of {longest} tokens is longer than the model's "
