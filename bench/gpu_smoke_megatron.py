@@ -73,6 +73,14 @@ GPU_SIZE = (1024, 4, 8, 2, 4096, 32768, 4096, 2)
 CPU_SIZE = (64, 2, 2, 2, 128, 128, 64, 2)
 
 
+def random_lengths(tokens: int, low: int, high: int, g: torch.Generator) -> list[int]:
+    """Lengths drawn uniformly in [low, high] until they fill `tokens` (the last one cut)."""
+    lengths: list[int] = []
+    while (left := tokens - sum(lengths)) > 0:
+        lengths.append(min(int(torch.randint(low, high + 1, (1,), generator=g)), left))
+    return lengths
+
+
 def random_batch(
     vocab: int, tokens: int, seed: int, rl: bool, device: str, lengths: list[int] | None = None
 ) -> PackedBatch:
@@ -80,10 +88,7 @@ def random_batch(
     `tokens`) packed into `tokens`, 70% of targets trained."""
     g = torch.Generator().manual_seed(seed)
     if lengths is None:
-        lengths = []
-        while sum(lengths) < tokens:
-            n = int(torch.randint(64, 513, (1,), generator=g))
-            lengths.append(min(n, tokens - sum(lengths)))
+        lengths = random_lengths(tokens, 64, 512, g)
     elif sum(lengths) != tokens:
         raise ValueError(f"lengths sum to {sum(lengths)}, not tokens={tokens}")
     ids = torch.randint(0, vocab, (tokens,), generator=g)

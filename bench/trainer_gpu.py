@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from gpu_smoke_megatron import random_batch, smoke_recipe, spawn_ranks
+from gpu_smoke_megatron import random_batch, random_lengths, smoke_recipe, spawn_ranks
 
 from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
@@ -142,11 +142,7 @@ class Config:
         if not self.mixed:
             return [self.seq] * (self.step_tokens // self.seq)
         g = torch.Generator().manual_seed(self.seq)
-        lengths: list[int] = []
-        while (left := self.step_tokens - sum(lengths)) > 0:
-            n = int(torch.randint(self.seq // 2, self.seq * 3 // 2 + 1, (1,), generator=g))
-            lengths.append(min(n, left))
-        return lengths
+        return random_lengths(self.step_tokens, self.seq // 2, self.seq * 3 // 2, g)
 
     @property
     def rl(self) -> bool:
