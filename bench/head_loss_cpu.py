@@ -29,7 +29,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mtprun import HeadPlan, head_loss
+from mtprun import HeadInputs, HeadPlan, head_loss
 from mtprun.kernels import Chunking
 
 N, H, V = 4096, 512, 32000
@@ -87,7 +87,8 @@ SCHEDULES = {"one-pass": Chunking(min_rows=128), "two-pass": Chunking()}
 
 def fused(inputs: dict[str, torch.Tensor], plan: HeadPlan, chunking: Chunking) -> torch.Tensor:
     rest = {k: v for k, v in inputs.items() if k not in ("hidden", "weight")}
-    return head_loss(inputs["hidden"], inputs["weight"], plan, **rest, chunking=chunking).loss
+    checked = HeadInputs.build(plan, inputs["hidden"], inputs["weight"], **rest)
+    return head_loss(checked, chunking=chunking).loss
 
 
 def step(method: str, inputs: dict[str, torch.Tensor], plan: HeadPlan) -> None:

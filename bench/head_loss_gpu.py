@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mtprun import HeadPlan, head_loss
+from mtprun import HeadInputs, HeadPlan, head_loss
 
 GiB = 1 << 30
 SEQUENCES = 4
@@ -152,22 +152,20 @@ def _with_fresh_grads(loss_fn: Callable[[], torch.Tensor], inputs: dict) -> Call
 def mtprun_step(workload: str, inputs: dict, chunk_bytes: int | None) -> Callable[[], None]:
     plan = HeadPlan.from_losses(PLANS[workload])
     kwargs = {k: inputs[k] for k in inputs if k not in ("hidden", "weight")}
+
+    def checked() -> HeadInputs:  # checked in every step, as the trainer does
+        return HeadInputs.build(plan, inputs["hidden"], inputs["weight"], **kwargs)
+
     if chunk_bytes is not None:
-        from mtprun.kernels.triton import head_loss_triton
+        from mtprun.kernels.triton import triton_head_loss
 
         def loss() -> torch.Tensor:
-            return head_loss_triton(
-                inputs["hidden"],
-                inputs["weight"],
-                plan,
-                chunk_bytes=chunk_bytes,
-                **kwargs,
-            ).loss
+            return triton_head_loss(checked(), chunk_bytes=chunk_bytes).loss
 
     else:
 
         def loss() -> torch.Tensor:
-            return head_loss(inputs["hidden"], inputs["weight"], plan, **kwargs).loss
+            return head_loss(checked()).loss
 
     return _with_fresh_grads(loss, inputs)
 
@@ -338,7 +336,7 @@ def _chunk_gemm_rates(rows: int, weight: torch.Tensor, grad_w: torch.Tensor) -> 
 
 def kernel_sweep(h: int, v: int, rows: int = 2560) -> None:
     """Bandwidth of the sft row kernel (3 passes) over tile widths and warps."""
-    from mtprun.kernels.inputs import row_groups, validate
+    from mtprun.kernels.inputs import row_groups
     from mtprun.kernels.triton import groups, launch
 
     plan = HeadPlan.from_losses(PLANS["sft"])
@@ -346,7 +344,7 @@ def kernel_sweep(h: int, v: int, rows: int = 2560) -> None:
     weight = torch.randn(v, h, device="cuda", dtype=torch.bfloat16) * h**-0.5
     targets = torch.randint(0, v, (rows,), device="cuda")
     mask = torch.ones(rows, dtype=torch.bool, device="cuda")
-    inputs = validate(plan, hidden, weight, targets=targets, loss_mask=mask)
+    inputs = HeadInputs.build(plan, hidden, weight, targets=targets, loss_mask=mask)
     group = groups.build(row_groups(plan, inputs)[0], inputs, argmax=False)
     logits = hidden @ weight.t()
     gbytes = 3 * logits.numel() * logits.element_size() / 1e9
@@ -394,10 +392,13 @@ def _tp_cell(workload: str, active: float, args: argparse.Namespace, group) -> s
     one_plan = HeadPlan.from_losses(PLANS[workload])
 
     def tp_loss() -> torch.Tensor:
-        return head_loss(inputs["hidden"], local, tp_plan, tp_group=group, **kwargs).loss
+        checked = HeadInputs.build(tp_plan, inputs["hidden"], local, **kwargs, tp_group=group)
+        return head_loss(checked).loss
 
     def one_loss() -> torch.Tensor:
-        return head_loss(inputs["hidden"], inputs["weight"], one_plan, **kwargs).loss
+        return head_loss(
+            HeadInputs.build(one_plan, inputs["hidden"], inputs["weight"], **kwargs)
+        ).loss
 
     one_step = _with_fresh_grads(one_loss, inputs)
     tp_step = _with_fresh_grads(tp_loss, local_inputs)

@@ -29,18 +29,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from head_loss_gpu import make_inputs, mtprun_step
 
 import mtprun.kernels.triton as triton_package
+from mtprun.kernels import HeadInputs
 from mtprun.kernels.triton import engine, groups, head_loss, select
 
 # (module, function name) pairs whose entry and exit are marked
 MARKED = [
-    (triton_package, "head_loss_triton"),
-    (head_loss, "validate"),
+    (HeadInputs, "build"),
+    (triton_package, "triton_head_loss"),
     (head_loss, "_kernel_groups"),
     (head_loss, "select_policy_rows"),
     (select, "check_values"),
     (select, "policy_group"),
     (groups, "build"),
-    (groups, "term_flags"),
+    (groups, "kernel_terms"),
     (head_loss, "run_chunks"),
     (engine, "chunk_rows"),
     (engine, "run_rows"),

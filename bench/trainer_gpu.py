@@ -51,8 +51,8 @@ from gpu_smoke_megatron import random_batch, random_lengths, smoke_recipe, spawn
 from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
 from mtprun.data.tokenizer import build_tokenizer
+from mtprun.losses.grpo import GRPOTerm
 from mtprun.models.tiny import build_tiny_model
-from mtprun.spec.losses import GRPOTerm
 from mtprun.spec.model import TinyModel
 
 TRAINERS = ("mtprun", "hf", "liger")

@@ -2,7 +2,7 @@
 
 Library API::
 
-    from mtprun import HeadPlan, head_loss
+    from mtprun import HeadInputs, HeadPlan, head_loss
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
-    from mtprun.kernels import head_loss
+    from mtprun.kernels import HeadInputs, head_loss
 
-__all__ = ["HeadPlan", "head_loss"]
+__all__ = ["HeadInputs", "HeadPlan", "head_loss"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,8 +22,8 @@ def __getattr__(name: str) -> Any:
         from mtprun.compiler import HeadPlan
 
         return HeadPlan
-    if name == "head_loss":
-        from mtprun.kernels import head_loss
+    if name in ("HeadInputs", "head_loss"):
+        import mtprun.kernels
 
-        return head_loss
+        return getattr(mtprun.kernels, name)
     raise AttributeError(f"module 'mtprun' has no attribute {name!r}")

@@ -19,7 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
-from mtprun.spec import Recipe, check_recipe
+from mtprun.preflight import check_recipe
+from mtprun.spec import Recipe
 
 if TYPE_CHECKING:
     import torch

@@ -10,13 +10,15 @@ from typing import TYPE_CHECKING
 from rich.console import Console, Group
 from rich.table import Table
 
+from mtprun import losses
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
-from mtprun.spec import Recipe, check_recipe
+from mtprun.preflight import check_recipe
+from mtprun.spec import Recipe
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
     from mtprun.compiler.estimate import HeadCost
-    from mtprun.compiler.memory import TrainerMemory
+    from mtprun.preflight.memory import TrainerMemory
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     # The compiler imports torch: only once a recipe is known to be valid.
     from mtprun.compiler import compile_recipe
-    from mtprun.compiler.memory import recipe_trainer_memory
+    from mtprun.preflight.memory import recipe_trainer_memory
 
     recipe = check.recipe
     plan = compile_recipe(recipe)
@@ -83,15 +85,16 @@ def run(args: argparse.Namespace) -> int:
 def _rollout_loop(recipe: Recipe) -> dict | None:
     """The RL loop's shape: staleness, weight transfer and the bytes it moves per step (each
     engine receives the whole HF policy in `model.dtype`; null when the shape is unknown)."""
-    from mtprun.compiler.memory import model_size
+    from mtprun.preflight.memory import parameters
+    from mtprun.preflight.model_shape import recipe_shape
 
     if recipe.task is None:
         return None
     rollout = recipe.rollout
-    size = model_size(recipe)
+    shape = recipe_shape(recipe)
     per_engine = None
-    if not isinstance(size, str):
-        per_engine = size.parameters() * (2 if recipe.model.dtype == "bfloat16" else 4)
+    if not isinstance(shape, str):
+        per_engine = parameters(shape) * (2 if recipe.model.dtype == "bfloat16" else 4)
     return {
         "max_staleness": rollout.max_staleness,
         "weight_transfer": rollout.weight_transfer,
@@ -136,15 +139,16 @@ def _loop_table(recipe: Recipe) -> Table:
 def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | str:
     """The head-loss cost of one micro batch on one rank, or why it cannot be estimated."""
     from mtprun.compiler.estimate import estimate_head_cost
-    from mtprun.compiler.memory import local_tokens, model_size
+    from mtprun.preflight.memory import local_tokens
+    from mtprun.preflight.model_shape import recipe_shape
 
     if head:
         hidden, vocab = head
     else:
-        size = model_size(recipe)
-        if isinstance(size, str):
-            return f"{size} (give --head HIDDEN VOCAB)"
-        hidden, vocab = size.hidden, size.vocab
+        shape = recipe_shape(recipe)
+        if isinstance(shape, str):
+            return f"{shape} (give --head HIDDEN VOCAB)"
+        hidden, vocab = shape.hidden, shape.vocab
     return estimate_head_cost(
         plan,
         rows=local_tokens(recipe.trainer.micro_batch_tokens, recipe.parallel.cp),
@@ -191,21 +195,9 @@ def _overview(recipe: Recipe, plan: HeadPlan, cost: HeadCost | str) -> Table:
 
 
 def _policy_rows(recipe: Recipe, plan: HeadPlan) -> list[tuple[str, str]]:
-    """What the compiler made of the grpo term's options and the RL loop around them."""
-    rows = []
-    grpo = plan.term("grpo")
-    if grpo is not None:
-        if grpo.policy_loss == "cispo":
-            loss = f"CISPO: -sg(min(r, {1 + grpo.clip_high:g})) A logp"
-        else:
-            loss = f"PPO-clip: r in [{1 - grpo.clip_low:g}, {1 + grpo.clip_high:g}]"
-            if grpo.clip_c is not None:
-                loss += f", dual-clip at {grpo.clip_c:g} A where A < 0"
-        if grpo.ratio == "sequence":
-            loss += "; GSPO sequence ratio (every row's statistics before any gradient)"
-        if grpo.tis_cap is not None:
-            loss += f"; truncated IS min(pi_old / pi_sampler, {grpo.tis_cap:g})"
-        rows.append(("policy loss", loss))
+    """What the compiler made of the terms' options (each kind's own description) and the
+    RL loop around them."""
+    rows = [row for term in plan.terms if (row := losses.describe(term)) is not None]
     if recipe.task is not None:
         old = "the rollout engine's"
         if recipe.rollout.recompute_logprobs:

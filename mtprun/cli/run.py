@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
-from mtprun.spec import check_recipe
+from mtprun.preflight import check_recipe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics, split_overrides
-from mtprun.spec import RecipeCheck, check_recipe
+from mtprun.preflight import check_recipe
+from mtprun.spec import RecipeCheck
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

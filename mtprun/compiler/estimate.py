@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mtprun import losses
 from mtprun.compiler.plan import HeadPlan
-from mtprun.losses.stats import Stat
-from mtprun.spec.losses import LossTerm
+from mtprun.losses import Stat
 
 FLOAT32 = 4
 DEFAULT_VOCAB_TILE = 4096
@@ -60,7 +60,8 @@ def estimate_head_cost(
         + head_rows * _stat_width(plan) * FLOAT32
     )
     unfused = rows * shard * (param_bytes + FLOAT32)  # logits and their gradient
-    unfused += sum(_unfused_buffers(t) for t in plan.terms) * rows * shard * FLOAT32
+    costs = [losses.unfused_cost(t) for t in plan.terms]
+    unfused += sum(c.buffers for c in costs) * rows * shard * FLOAT32
     return HeadCost(
         rows=rows,
         hidden=hidden,
@@ -69,24 +70,10 @@ def estimate_head_cost(
         fused_bytes=fused,
         unfused_bytes=unfused,
         fused_collectives=0 if tp == 1 else 1 + (Stat.TEACHER_TOPK in plan.stats),
-        unfused_collectives=0 if tp == 1 else sum(_unfused_reductions(t) for t in plan.terms),
+        unfused_collectives=0 if tp == 1 else sum(c.reductions for c in costs),
     )
 
 
 def _stat_width(plan: HeadPlan) -> int:
     topk = max((getattr(t, "topk", None) or 0 for t in plan.terms), default=0)
     return len(plan.stats) + 2 * topk  # top-k keeps ids and logits
-
-
-def _unfused_buffers(term: LossTerm) -> int:
-    """Float32 [rows x vocab] buffers a term keeps when computed on its own."""
-    if term.kind == "mtp":
-        return 3 * term.depth  # per head: its logits, log-softmax, the teacher's probs
-    return {"ce": 1, "z_loss": 1, "grpo": 1, "entropy": 2, "distill": 3}[term.kind]
-
-
-def _unfused_reductions(term: LossTerm) -> int:
-    """Vocab-parallel all-reduces a term makes on its own (max, sum of exp, gathers...)."""
-    if term.kind == "mtp":
-        return 5 * term.depth
-    return {"ce": 3, "z_loss": 2, "grpo": 3, "entropy": 3, "distill": 5}[term.kind]

@@ -11,9 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from mtprun import losses
-from mtprun.losses import sampler
-from mtprun.losses.stats import Stat
-from mtprun.spec.losses import LossTerm
+from mtprun.losses import LossTerm, Stat, sampler
 
 _TERMS = TypeAdapter(list[LossTerm])
 

@@ -23,12 +23,15 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from mtprun.data.messages import Conversation, ConversationError, Message, parse_conversation
-
-if TYPE_CHECKING:
-    from mtprun.data.tasks.base import Prompt
+from mtprun.data.messages import (
+    Conversation,
+    ConversationError,
+    Message,
+    Prompt,
+    parse_conversation,
+)
 
 T = TypeVar("T")
 

@@ -1,4 +1,5 @@
-"""Chat messages: the plain data every template renders, parsed from untrusted records."""
+"""Chat messages: the plain data every template renders, parsed from untrusted records, and
+the prompt an RL episode starts from."""
 
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ class Message:
 
 
 Conversation = tuple[Message, ...]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt, its reference answer (None when the dataset has none) and its record: every
+    column of the dataset row it came from, handed to the reward."""
+
+    messages: Conversation
+    answer: str | None
+    record: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    def columns(self) -> dict[str, Any]:
+        """The record the reward receives (a synthetic prompt's: messages and answer)."""
+        if self.record is not None:
+            return dict(self.record)
+        return {"messages": [m.to_dict() for m in self.messages], "answer": self.answer}
 
 
 def parse_conversation(record: Any) -> Conversation:

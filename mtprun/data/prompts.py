@@ -18,8 +18,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mtprun.data.dataset_files import DataFileError, RecordError, Table, open_table, scan
-from mtprun.data.messages import Conversation, ConversationError, Message, parse_conversation
-from mtprun.data.tasks.base import Prompt
+from mtprun.data.messages import (
+    Conversation,
+    ConversationError,
+    Message,
+    Prompt,
+    parse_conversation,
+)
 
 if TYPE_CHECKING:
     from mtprun.spec.data import ColumnMap, DatasetSpec

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 
 from mtprun.data.environment import inserted_messages, make_environment, reset_all, step_all
-from mtprun.data.messages import Conversation
+from mtprun.data.messages import Conversation, Prompt
 from mtprun.data.render import ROLE_IDS, RenderedSequence, Renderer
-from mtprun.data.tasks.base import Prompt, Task
+from mtprun.data.tasks.base import Task
 
 
 class TrajectoryBuilder:

@@ -1,53 +1,39 @@
-"""The math of each loss term. One module per `kind`; each declares its per-row statistics
-(`needs`), the metric names it reports (`metric_names`) and its math on those statistics
-(`row_loss`: per-token value, gradient coefficients, per-token metrics)."""
+"""The loss kinds, one unit module per `kind` (mtprun.losses.kind says what a unit provides;
+mtprun.losses.registry lists them). This package sits below the spec layer: the recipe's
+`losses:` union is built from the units' configs."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
-from mtprun.losses import ce, distill, entropy, grpo, mtp, z_loss
+from mtprun.losses.kind import LossAgg, TermConfig
+from mtprun.losses.registry import (
+    KINDS,
+    LossTerm,
+    describe,
+    metric_names,
+    needs,
+    row_loss,
+    triton,
+    unfused_cost,
+    unit_of,
+)
 from mtprun.losses.rows import GradCoeffs, RowInputs, RowLoss, RowStats
 from mtprun.losses.stats import Stat
-from mtprun.spec.losses import LossTerm
-
-_MODULES: dict[str, ModuleType] = {
-    "ce": ce,
-    "z_loss": z_loss,
-    "grpo": grpo,
-    "entropy": entropy,
-    "distill": distill,
-    "mtp": mtp,
-}
-
-
-def module_for(term: LossTerm) -> ModuleType:
-    return _MODULES[term.kind]
-
-
-def needs(term: LossTerm) -> frozenset[Stat]:
-    """Per-row statistics `term` needs from the vocab pass."""
-    return module_for(term).needs(term)
-
-
-def metric_names(term: LossTerm) -> tuple[str, ...]:
-    """Metric names `term` reports (besides the always-present "entropy")."""
-    return module_for(term).metric_names(term)
-
-
-def row_loss(term: LossTerm, stats: RowStats, inputs: RowInputs) -> RowLoss:
-    """`term`'s per-token value, gradient coefficients and metrics on rows with `stats`."""
-    return module_for(term).row_loss(term, stats, inputs)
-
 
 __all__ = [
+    "KINDS",
     "GradCoeffs",
+    "LossAgg",
+    "LossTerm",
     "RowInputs",
     "RowLoss",
     "RowStats",
     "Stat",
+    "TermConfig",
+    "describe",
     "metric_names",
-    "module_for",
     "needs",
     "row_loss",
+    "triton",
+    "unfused_cost",
+    "unit_of",
 ]

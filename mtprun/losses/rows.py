@@ -13,8 +13,10 @@ keeps the entropy gradient accurate in float32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the spec layer imports the units: no torch at import
+    import torch
 
 
 @dataclass

@@ -11,7 +11,10 @@ log pi_sampler|; with tis_cap also is_weight_mean = w and is_clip_frac = [pi_old
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the spec layer imports the units: no torch at import
+    import torch
 
 
 def metric_names(tis_cap: float | None) -> tuple[str, ...]:
@@ -20,7 +23,7 @@ def metric_names(tis_cap: float | None) -> tuple[str, ...]:
 
 def tis_weight(old: torch.Tensor, sampler: torch.Tensor, cap: float) -> torch.Tensor:
     """w = min(exp(old - sampler), cap); a constant of the loss (no gradient)."""
-    return torch.exp(old - sampler).clamp(max=cap)
+    return (old - sampler).exp().clamp(max=cap)
 
 
 def row_metrics(
@@ -31,7 +34,7 @@ def row_metrics(
     metrics = {"logprob_mismatch": delta.abs()}
     if tis_cap is not None:
         metrics["is_weight_mean"] = tis_weight(old, sampler, tis_cap)
-        metrics["is_clip_frac"] = (torch.exp(delta) > tis_cap).float()
+        metrics["is_clip_frac"] = (delta.exp() > tis_cap).float()
     return metrics
 
 

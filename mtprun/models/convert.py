@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 import torch
 
 from mtprun.models import mimo, qwen2, tp_layout
-from mtprun.models.dims import ModelDims
+from mtprun.models.shape import ModelShape
 
 
 class _Tracked(Mapping[str, torch.Tensor]):
@@ -40,7 +40,7 @@ class _Tracked(Mapping[str, torch.Tensor]):
 
 def hf_to_megatron(
     hf: Mapping[str, torch.Tensor],
-    dims: ModelDims,
+    shape: ModelShape,
     tp_rank: int = 0,
     tp_size: int = 1,
     source: str = "the checkpoint",
@@ -50,21 +50,21 @@ def hf_to_megatron(
     Every checkpoint tensor must be used: a leftover means the config and the weights disagree
     (a tied lm_head.weight that some checkpoints store anyway is the one exception).
     """
-    dims.check_tp(tp_size)
+    shape.check_tp(tp_size)
     tracked = _Tracked(hf, source)
-    full = qwen2.trunk_to_megatron(tracked, dims)
-    full.update(mimo.mtp_to_megatron(tracked, dims))
-    leftover = set(hf) - tracked.used - ({"lm_head.weight"} if dims.tie_embeddings else set())
+    full = qwen2.trunk_to_megatron(tracked, shape)
+    full.update(mimo.mtp_to_megatron(tracked, shape))
+    leftover = set(hf) - tracked.used - ({"lm_head.weight"} if shape.tie_embeddings else set())
     if leftover:
         raise ValueError(
-            f"{source} has tensors that {dims.architecture} with {dims.layers} layers and "
-            f"{dims.mtp_layers} MTP layers does not use: {sorted(leftover)[:5]}"
+            f"{source} has tensors that {shape.architecture} with {shape.layers} layers and "
+            f"{shape.mtp_layers} MTP layers does not use: {sorted(leftover)[:5]}"
         )
     return tp_layout.shard_state_dict(full, tp_rank, tp_size)
 
 
-def megatron_to_hf(mg: Mapping[str, torch.Tensor], dims: ModelDims) -> dict[str, torch.Tensor]:
+def megatron_to_hf(mg: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
     """Full (gathered) Megatron-named tensors -> HF-named tensors."""
-    out = qwen2.trunk_to_hf(mg, dims)
-    out.update(mimo.mtp_to_hf(mg, dims))
+    out = qwen2.trunk_to_hf(mg, shape)
+    out.update(mimo.mtp_to_hf(mg, shape))
     return out

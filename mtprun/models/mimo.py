@@ -10,7 +10,7 @@ input order, so input_proj maps unchanged; the decoder layer sits under `decoder
 from __future__ import annotations
 
 from mtprun.models import qwen2
-from mtprun.models.dims import ModelDims
+from mtprun.models.shape import ModelShape
 
 _MTP_RENAMES = (
     "token_layernorm.weight",
@@ -20,19 +20,19 @@ _MTP_RENAMES = (
 )
 
 
-def mtp_to_megatron(hf: qwen2.Tensors, dims: ModelDims) -> dict:
+def mtp_to_megatron(hf: qwen2.Tensors, shape: ModelShape) -> dict:
     out = {}
-    for i in range(dims.mtp_layers):
+    for i in range(shape.mtp_layers):
         hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
         out.update({mg_prefix + n: hf[hf_prefix + n] for n in _MTP_RENAMES})
-        out.update(qwen2.layer_to_megatron(hf, hf_prefix, mg_prefix + "decoder_layer.", dims))
+        out.update(qwen2.layer_to_megatron(hf, hf_prefix, mg_prefix + "decoder_layer.", shape))
     return out
 
 
-def mtp_to_hf(mg: qwen2.Tensors, dims: ModelDims) -> dict:
+def mtp_to_hf(mg: qwen2.Tensors, shape: ModelShape) -> dict:
     out = {}
-    for i in range(dims.mtp_layers):
+    for i in range(shape.mtp_layers):
         hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
         out.update({hf_prefix + n: mg[mg_prefix + n] for n in _MTP_RENAMES})
-        out.update(qwen2.layer_to_hf(mg, mg_prefix + "decoder_layer.", hf_prefix, dims))
+        out.update(qwen2.layer_to_hf(mg, mg_prefix + "decoder_layer.", hf_prefix, shape))
     return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mtprun.models.dims import ModelDims
+from mtprun.models.shape import ModelShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _EMBEDDING = "embedding.word_embeddings.weight"
@@ -65,7 +65,7 @@ class PipelineStage:
 
 
 def stage_tensors(
-    full: Mapping[str, torch.Tensor], dims: ModelDims, stage: PipelineStage
+    full: Mapping[str, torch.Tensor], shape: ModelShape, stage: PipelineStage
 ) -> dict[str, torch.Tensor]:
     """Whole-model Megatron tensors -> this stage's, under its local names."""
     out = {}
@@ -76,9 +76,9 @@ def stage_tensors(
             if stage.holds_layer(index):
                 out[f"decoder.layers.{index - stage.layer_offset}.{layer.group(2)}"] = tensor
         elif name == _EMBEDDING:
-            if stage.first or holds_mtp_embedding(dims, stage):
+            if stage.first or holds_mtp_embedding(shape, stage):
                 out[name] = tensor
-            if is_tied_copy(_OUTPUT, dims, stage):
+            if is_tied_copy(_OUTPUT, shape, stage):
                 out[_OUTPUT] = tensor
         elif name.startswith(_LAST_STAGE_PREFIXES):
             if stage.last:
@@ -89,7 +89,7 @@ def stage_tensors(
 
 
 def global_tensors(
-    local: Mapping[str, torch.Tensor], dims: ModelDims, stage: PipelineStage
+    local: Mapping[str, torch.Tensor], shape: ModelShape, stage: PipelineStage
 ) -> dict[str, torch.Tensor]:
     """This stage's tensors under whole-model names; copies of another stage's tensors (a
     tied output layer, the MTP layers' embedding) are left out."""
@@ -98,36 +98,36 @@ def global_tensors(
         layer = _LAYER.match(name)
         if layer is not None:
             name = f"decoder.layers.{int(layer.group(1)) + stage.layer_offset}.{layer.group(2)}"
-        elif is_tied_copy(name, dims, stage) or is_mtp_embedding_copy(name, dims, stage):
+        elif is_tied_copy(name, shape, stage) or is_mtp_embedding_copy(name, shape, stage):
             continue
         out[name] = tensor
     return out
 
 
-def splits_tied_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
+def splits_tied_embedding(shape: ModelShape, stage: PipelineStage) -> bool:
     """True when the model ties its output layer to the embedding and the stages hold the two
     apart (the first stage the embedding, the last its copy)."""
-    return dims.tie_embeddings and stage.size > 1
+    return shape.tie_embeddings and stage.size > 1
 
 
-def is_tied_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:
+def is_tied_copy(name: str, shape: ModelShape, stage: PipelineStage) -> bool:
     """True for the last stage's output layer when it copies the first stage's embedding."""
-    return name == _OUTPUT and stage.last and splits_tied_embedding(dims, stage)
+    return name == _OUTPUT and stage.last and splits_tied_embedding(shape, stage)
 
 
-def holds_mtp_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
+def holds_mtp_embedding(shape: ModelShape, stage: PipelineStage) -> bool:
     """True for a last stage that is not also the first and holds MTP layers: it keeps its own
     embedding for their next-token lookups."""
-    return dims.mtp_layers > 0 and stage.last and not stage.first
+    return shape.mtp_layers > 0 and stage.last and not stage.first
 
 
-def copies_mtp_embedding(dims: ModelDims, stage: PipelineStage) -> bool:
+def copies_mtp_embedding(shape: ModelShape, stage: PipelineStage) -> bool:
     """True when an untied model with MTP layers is split over stages: the last stage's
     embedding is a frozen copy of the first's, which the trainer refreshes after every step
     (a tied model's last stage uses its output layer, kept equal by summed gradients)."""
-    return dims.mtp_layers > 0 and stage.size > 1 and not dims.tie_embeddings
+    return shape.mtp_layers > 0 and stage.size > 1 and not shape.tie_embeddings
 
 
-def is_mtp_embedding_copy(name: str, dims: ModelDims, stage: PipelineStage) -> bool:
+def is_mtp_embedding_copy(name: str, shape: ModelShape, stage: PipelineStage) -> bool:
     """True for the last stage's embedding that only feeds the MTP layers."""
-    return name == _EMBEDDING and holds_mtp_embedding(dims, stage)
+    return name == _EMBEDDING and holds_mtp_embedding(shape, stage)

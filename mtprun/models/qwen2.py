@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
-from mtprun.models.dims import ModelDims
+from mtprun.models.shape import ModelShape
 
 Tensors = Mapping[str, torch.Tensor]
 
@@ -25,9 +25,9 @@ _LAYER_RENAMES = {
 }
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims) -> torch.Tensor:
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
     """[q; k; v] (HF, weights or biases) -> Megatron's per-group interleaved linear_qkv."""
-    groups, per_group, d = dims.kv_heads, dims.heads // dims.kv_heads, dims.head_dim
+    groups, per_group, d = shape.kv_heads, shape.heads // shape.kv_heads, shape.head_dim
     rest = q.shape[1:]
     fused = torch.cat(
         [
@@ -41,10 +41,10 @@ def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims)
 
 
 def split_qkv(
-    qkv: torch.Tensor, dims: ModelDims
+    qkv: torch.Tensor, shape: ModelShape
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse of fuse_qkv."""
-    groups, per_group, d = dims.kv_heads, dims.heads // dims.kv_heads, dims.head_dim
+    groups, per_group, d = shape.kv_heads, shape.heads // shape.kv_heads, shape.head_dim
     rest = qkv.shape[1:]
     grouped = qkv.reshape(groups, per_group + 2, d, *rest)
     q, k, v = grouped.split([per_group, 1, 1], dim=1)
@@ -55,16 +55,16 @@ def split_qkv(
     )
 
 
-def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, dims: ModelDims) -> dict:
+def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, shape: ModelShape) -> dict:
     """One decoder layer: HF tensors under `hf_prefix` -> Megatron tensors under `mg_prefix`."""
     out = {mg_prefix + m: hf[hf_prefix + h] for h, m in _LAYER_RENAMES.items()}
     attn = hf_prefix + "self_attn."
     out[mg_prefix + "self_attention.linear_qkv.weight"] = fuse_qkv(
-        hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"], dims
+        hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"], shape
     )
-    if dims.qkv_bias:
+    if shape.qkv_bias:
         out[mg_prefix + "self_attention.linear_qkv.bias"] = fuse_qkv(
-            hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], dims
+            hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], shape
         )
     out[mg_prefix + "mlp.linear_fc1.weight"] = torch.cat(
         [hf[hf_prefix + "mlp.gate_proj.weight"], hf[hf_prefix + "mlp.up_proj.weight"]]
@@ -72,14 +72,14 @@ def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, dims: ModelDi
     return out
 
 
-def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, dims: ModelDims) -> dict:
+def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, shape: ModelShape) -> dict:
     """Inverse of layer_to_megatron."""
     out = {hf_prefix + h: mg[mg_prefix + m] for h, m in _LAYER_RENAMES.items()}
     attn = hf_prefix + "self_attn."
-    qkv = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.weight"], dims)
+    qkv = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.weight"], shape)
     out.update(zip((attn + f"{p}_proj.weight" for p in "qkv"), qkv, strict=True))
-    if dims.qkv_bias:
-        qkv_bias = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.bias"], dims)
+    if shape.qkv_bias:
+        qkv_bias = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.bias"], shape)
         out.update(zip((attn + f"{p}_proj.bias" for p in "qkv"), qkv_bias, strict=True))
     gate, up = mg[mg_prefix + "mlp.linear_fc1.weight"].chunk(2)
     out[hf_prefix + "mlp.gate_proj.weight"] = gate.contiguous()
@@ -87,26 +87,26 @@ def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, dims: ModelDims) ->
     return out
 
 
-def trunk_to_megatron(hf: Tensors, dims: ModelDims) -> dict:
+def trunk_to_megatron(hf: Tensors, shape: ModelShape) -> dict:
     """Embedding, decoder layers, final norm and (untied) output layer."""
     out = {
         "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
         "decoder.final_layernorm.weight": hf["model.norm.weight"],
     }
-    for i in range(dims.layers):
-        out.update(layer_to_megatron(hf, f"model.layers.{i}.", f"decoder.layers.{i}.", dims))
-    if not dims.tie_embeddings:
+    for i in range(shape.layers):
+        out.update(layer_to_megatron(hf, f"model.layers.{i}.", f"decoder.layers.{i}.", shape))
+    if not shape.tie_embeddings:
         out["output_layer.weight"] = hf["lm_head.weight"]
     return out
 
 
-def trunk_to_hf(mg: Tensors, dims: ModelDims) -> dict:
+def trunk_to_hf(mg: Tensors, shape: ModelShape) -> dict:
     out = {
         "model.embed_tokens.weight": mg["embedding.word_embeddings.weight"],
         "model.norm.weight": mg["decoder.final_layernorm.weight"],
     }
-    for i in range(dims.layers):
-        out.update(layer_to_hf(mg, f"decoder.layers.{i}.", f"model.layers.{i}.", dims))
-    if not dims.tie_embeddings:
+    for i in range(shape.layers):
+        out.update(layer_to_hf(mg, f"decoder.layers.{i}.", f"model.layers.{i}.", shape))
+    if not shape.tie_embeddings:
         out["lm_head.weight"] = mg["output_layer.weight"]
     return out

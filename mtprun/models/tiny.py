@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
+from mtprun.models.shape import TINY_ARCHITECTURES
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, TinyModel
 
 
@@ -47,11 +48,9 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Con
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
+    config.architectures = [TINY_ARCHITECTURES[spec.architecture]]
     if spec.architecture == "mimo":
-        config.architectures = ["MiMoForCausalLM"]
         config.num_nextn_predict_layers = spec.mtp_layers
-    else:
-        config.architectures = ["Qwen2ForCausalLM"]
     return config
 
 

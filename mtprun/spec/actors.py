@@ -9,10 +9,9 @@ Ray cannot place waits forever, and the run with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from mtprun.spec.recipe import Recipe
+from mtprun.spec.sections import RecipeSections
 
 Resource = Literal["CPU", "GPU"]
 _PER_ACTOR_FIELD: dict[Resource, str] = {
@@ -32,7 +31,7 @@ class ActorDemand:
     gpus_per_actor: float
 
     @classmethod
-    def of(cls, recipe: Recipe) -> ActorDemand:
+    def of(cls, recipe: RecipeSections) -> ActorDemand:
         res = recipe.resources
         engines = recipe.rollout.num_engines if recipe.is_rl else 0
         return cls(recipe.parallel.world_size, engines, res.cpus_per_actor, res.gpus_per_actor)

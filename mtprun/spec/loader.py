@@ -1,25 +1,29 @@
-"""Recipe files -> validated `Recipe`: extends, overrides, schema, cross-field rules."""
+"""Recipe files -> validated `Recipe`: extends, overrides, schema, cross-field rules.
+
+The pieces, each given what it needs: `read_document` (extends, overrides, paths made relative
+to the file that wrote them) and `check_document` (schema and a set of rules, every problem
+located). `mtprun.preflight.check_recipe` puts them together with every rule.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from mtprun.losses import LossTerm
 from mtprun.spec.diagnose import validation_diagnostics
 from mtprun.spec.document import Document, KeyPath
-from mtprun.spec.errors import Diagnostic, RecipeError, RecipeWarning
+from mtprun.spec.errors import Diagnostic
 from mtprun.spec.extends import load_with_extends
-from mtprun.spec.losses import LossTerm
 from mtprun.spec.overrides import apply_overrides
 from mtprun.spec.recipe import SKIP_RULES, Recipe
-from mtprun.spec.rules import check_rules
+from mtprun.spec.rules import RuleSet
 
 _TERM = TypeAdapter(LossTerm)
 
@@ -40,31 +44,21 @@ class RecipeCheck:
         return tuple(d for d in self.diagnostics if d.severity == "warning")
 
 
-def load_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Recipe:
-    """Load, merge, override and validate a recipe file.
+def read_document(
+    path: str | os.PathLike[str], overrides: Sequence[str], builtin_tasks: Collection[str]
+) -> Document:
+    """The recipe file `path` with the files it extends and the `KEY=VALUE` overrides merged
+    in, its file paths made absolute (a value naming one of `builtin_tasks` is not a path).
 
-    Raises RecipeError listing every error; warnings go through `warnings.warn` as RecipeWarning.
+    Raises RecipeError for a file that cannot be read or merged.
     """
-    check = check_recipe(path, overrides)
-    if check.recipe is None:
-        raise RecipeError(check.errors)
-    for warning in check.warnings:
-        warnings.warn(str(warning), RecipeWarning, stacklevel=2)
-    return check.recipe
+    doc = apply_overrides(load_with_extends(FilePath(path)), overrides)
+    _resolve_relative_paths(doc, builtin_tasks)
+    return doc
 
 
-def check_recipe(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> RecipeCheck:
-    """Every diagnostic of a recipe file; never raises for a bad recipe."""
-    try:
-        doc = apply_overrides(load_with_extends(FilePath(path)), overrides)
-    except RecipeError as exc:
-        return RecipeCheck(None, exc.diagnostics)
-    _resolve_relative_paths(doc)
-    return check_document(doc)
-
-
-def check_document(doc: Document) -> RecipeCheck:
-    """Validate loaded recipe data against the schema and the cross-field rules."""
+def check_document(doc: Document, rules: RuleSet) -> RecipeCheck:
+    """Validate loaded recipe data against the schema and `rules`."""
     diagnostics: list[Diagnostic] = []
     try:
         recipe: Recipe | None = Recipe.model_validate(doc.data, context={SKIP_RULES: True})
@@ -74,7 +68,7 @@ def check_document(doc: Document) -> RecipeCheck:
         diagnostics += validation_diagnostics(exc, doc)
         view, invalid = _partial_recipe(doc.data)
     if view is not None:
-        for issue in check_rules(view, invalid):
+        for issue in rules.check(view, invalid):
             diagnostics.append(
                 Diagnostic(doc.position_of(issue.path), issue.message, issue.severity)
             )
@@ -143,8 +137,8 @@ _FILE_FIELDS: tuple[tuple[KeyPath, str], ...] = (
 _REFERENCE_FIELDS: tuple[KeyPath, ...] = (("task", "environment"), ("task", "reward"))
 
 
-def _resolve_relative_paths(doc: Document) -> None:
-    _resolve_file_paths(doc)
+def _resolve_relative_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
+    _resolve_file_paths(doc, builtin_tasks)
     for path in _REFERENCE_FIELDS:
         value = doc.get(path)
         if not isinstance(value, str) or ".py:" not in value:
@@ -153,7 +147,7 @@ def _resolve_relative_paths(doc: Document) -> None:
         _set_relative(doc, path, file, suffix=f":{name}")
 
 
-def _resolve_file_paths(doc: Document) -> None:
+def _resolve_file_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
     fields = list(_FILE_FIELDS)
     losses = doc.get(("losses",))
     if isinstance(losses, list):
@@ -162,16 +156,8 @@ def _resolve_file_paths(doc: Document) -> None:
         value = doc.get(path)
         if isinstance(value, dict) and kind == "dataset":
             path, value = (*path, "path"), value.get("path")
-        if isinstance(value, str) and (kind == "file" or not _is_builtin_task(value)):
+        if isinstance(value, str) and (kind == "file" or value not in builtin_tasks):
             _set_relative(doc, path, value)
-
-
-def _is_builtin_task(name: str) -> bool:
-    # Imported here: the data package owns the registry, and a recipe without sources never
-    # needs it.
-    from mtprun.data.tasks import TASKS
-
-    return name in TASKS
 
 
 def _set_relative(doc: Document, path: KeyPath, value: str, suffix: str = "") -> None:

@@ -3,24 +3,29 @@
 A rule is a function of a recipe that yields `Issue`s. It declares the sections it reads, and
 runs only when those validated, so one broken section does not hide the other sections' errors
 (the loader checks a partially valid recipe).
+
+`SPEC_RULES` are the recipe's own: they read nothing but the recipe, so `Recipe` checks them
+whenever it is built (they read its `RecipeSections`, so the two do not import each other).
+The rules that hold a recipe against what lies outside it (files, the model's config.json,
+Python code it names, the memory estimate) extend them in `mtprun.preflight.rules`, the layer
+that may import the data, models and compiler they need.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mtprun.spec.actors import ActorDemand
 from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
-from mtprun.spec.errors import Severity, did_you_mean
-from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, VOCAB_MULTIPLE
-from mtprun.spec.model_shape import ModelShape, folder_shape, model_shape
+from mtprun.spec.errors import Severity
+from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
+from mtprun.spec.sections import RecipeSections
 
 if TYPE_CHECKING:
-    from mtprun.spec.losses import LossTerm
-    from mtprun.spec.recipe import Recipe
+    from mtprun.losses import LossTerm
 
 RL_LOSS_KINDS = frozenset({"grpo"})
 
@@ -36,34 +41,46 @@ class Issue:
         return ".".join(map(str, self.path)) or "<recipe>"
 
 
-RuleFn = Callable[["Recipe"], Iterable[Issue]]
-_RULES: list[tuple[frozenset[str], RuleFn]] = []
+RuleFn = Callable[[RecipeSections], Iterable[Issue]]
 
 
-def rule(*sections: str) -> Callable[[RuleFn], RuleFn]:
-    """Register a rule that reads `sections` of the recipe."""
+class RuleSet:
+    """Rules in the order they run: those of the sets it extends first, then its own."""
 
-    def register(fn: RuleFn) -> RuleFn:
-        _RULES.append((frozenset(sections), fn))
-        return fn
+    def __init__(self, *extends: RuleSet) -> None:
+        self._extends = extends
+        self._own: list[tuple[frozenset[str], RuleFn]] = []
 
-    return register
+    def rule(self, *sections: str) -> Callable[[RuleFn], RuleFn]:
+        """Register a rule that reads `sections` of the recipe."""
+
+        def register(fn: RuleFn) -> RuleFn:
+            self._own.append((frozenset(sections), fn))
+            return fn
+
+        return register
+
+    def check(self, recipe: RecipeSections, invalid: frozenset[str] = frozenset()) -> list[Issue]:
+        """Every issue of `recipe`, skipping rules that read a section named in `invalid`."""
+        issues = [issue for base in self._extends for issue in base.check(recipe, invalid)]
+        for sections, fn in self._own:
+            if sections.isdisjoint(invalid):
+                issues += fn(recipe)
+        return issues
 
 
-def check_rules(recipe: Recipe, invalid: frozenset[str] = frozenset()) -> list[Issue]:
-    """Every issue of `recipe`, skipping rules that read a section named in `invalid`."""
-    return [
-        issue for sections, fn in _RULES if sections.isdisjoint(invalid) for issue in fn(recipe)
-    ]
+SPEC_RULES = RuleSet()
+rule = SPEC_RULES.rule
 
 
-def _terms(recipe: Recipe) -> Iterator[tuple[int, LossTerm]]:
-    # A partially valid recipe holds None where a term failed validation.
+def loss_terms(recipe: RecipeSections) -> Iterator[tuple[int, LossTerm]]:
+    """(index, term) of the recipe's loss terms; a partially valid recipe holds None where a
+    term failed validation."""
     return ((i, t) for i, t in enumerate(recipe.losses) if t is not None)
 
 
 @rule("data", "task")
-def _data_or_task(r: Recipe) -> Iterator[Issue]:
+def _data_or_task(r: RecipeSections) -> Iterator[Issue]:
     if r.data is None and r.task is None:
         yield Issue((), "a recipe needs `data:` (SFT) or `task:` (RL); neither is set")
     elif r.data is not None and r.task is not None:
@@ -75,7 +92,7 @@ def _data_or_task(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("warmstart", "task")
-def _warmstart_before_rl(r: Recipe) -> Iterator[Issue]:
+def _warmstart_before_rl(r: RecipeSections) -> Iterator[Issue]:
     if r.warmstart is None:
         return
     if r.task is None:
@@ -89,14 +106,14 @@ def _warmstart_before_rl(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("losses", "task")
-def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
-    for i, term in _terms(r):
+def _rl_losses_need_task(r: RecipeSections) -> Iterator[Issue]:
+    for i, term in loss_terms(r):
         if term.kind in RL_LOSS_KINDS and r.task is None:
             yield Issue(
                 ("losses", i, "kind"),
                 f"loss '{term.kind}' trains on rollouts and needs a `task:` with a `reward:`",
             )
-    if r.task is not None and not any(t.kind in RL_LOSS_KINDS for _, t in _terms(r)):
+    if r.task is not None and not any(t.kind in RL_LOSS_KINDS for _, t in loss_terms(r)):
         yield Issue(
             ("task",),
             "the task's rewards are unused: no loss term is a policy gradient (add kind: grpo)",
@@ -105,8 +122,8 @@ def _rl_losses_need_task(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("losses", "rollout")
-def _tis_needs_recomputed_logprobs(r: Recipe) -> Iterator[Issue]:
-    for i, term in _terms(r):
+def _tis_needs_recomputed_logprobs(r: RecipeSections) -> Iterator[Issue]:
+    for i, term in loss_terms(r):
         if term.kind == "grpo" and term.tis_cap is not None and not r.rollout.recompute_logprobs:
             yield Issue(
                 ("losses", i, "tis_cap"),
@@ -115,38 +132,13 @@ def _tis_needs_recomputed_logprobs(r: Recipe) -> Iterator[Issue]:
             )
 
 
-@rule("losses", "model", "parallel")
-def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
-    # The trainer runs the teacher split over the policy's TP group and compares the two
-    # distributions token by token. A folder not readable here is reported by the runner.
-    policy = model_shape(r.model)
-    for i, term in _terms(r):
-        teacher = folder_shape(term.teacher) if term.kind == "distill" else None
-        if teacher is None:
-            continue
-        where = ("losses", i, "teacher")
-        if policy is not None and policy.vocab is not None and teacher.vocab != policy.vocab:
-            yield Issue(
-                where,
-                f"the teacher's {teacher.label('vocab')} is {teacher.vocab} but the policy's "
-                f"{policy.label('vocab')} is {policy.vocab}: distillation needs one tokenizer",
-            )
-        names = ("heads", "kv_heads", "intermediate", "vocab")
-        for name, count in _not_split_by(r.parallel.tp, teacher, names):
-            yield Issue(
-                where,
-                f"parallel.tp {r.parallel.tp} does not divide {teacher.label(name)} "
-                f"({count}): the teacher is split over the trainer's TP group too",
-            )
-
-
 @rule("parallel", "losses")
-def _cp_keeps_token_terms(r: Recipe) -> Iterator[Issue]:
+def _cp_keeps_token_terms(r: RecipeSections) -> Iterator[Issue]:
     # A context-parallel rank holds pieces of sequences (mtprun/runner/trainer/context_parallel.py).
     cp = r.parallel.cp
     if cp == 1:
         return
-    for i, term in _terms(r):
+    for i, term in loss_terms(r):
         if term.kind == "mtp":
             yield Issue(
                 ("losses", i, "kind"),
@@ -167,30 +159,17 @@ def _cp_keeps_token_terms(r: Recipe) -> Iterator[Issue]:
             )
 
 
-@rule("parallel", "model")
-def _pp_splits_model(r: Recipe) -> Iterator[Issue]:
-    shape, pp = model_shape(r.model), r.parallel.pp
-    if shape is None:
-        return
-    for name, count in _not_split_by(pp, shape, ("layers",)):
-        yield Issue(
-            ("parallel", "pp"),
-            f"pp {pp} does not divide {shape.label(name)} ({count}): each pipeline stage holds "
-            "an equal share of the decoder layers",
-        )
-
-
 @rule("losses")
-def _some_weight_positive(r: Recipe) -> Iterator[Issue]:
-    terms = [t for _, t in _terms(r)]
+def _some_weight_positive(r: RecipeSections) -> Iterator[Issue]:
+    terms = [t for _, t in loss_terms(r)]
     if terms and len(terms) == len(r.losses) and all(t.weight == 0 for t in terms):
         yield Issue(("losses",), "every loss term has weight 0 (coef for entropy): nothing trains")
 
 
 @rule("losses")
-def _one_term_per_kind(r: Recipe) -> Iterator[Issue]:
+def _one_term_per_kind(r: RecipeSections) -> Iterator[Issue]:
     first: dict[str, int] = {}
-    for i, term in _terms(r):
+    for i, term in loss_terms(r):
         if term.kind in first:
             yield Issue(
                 ("losses", i, "kind"),
@@ -201,7 +180,7 @@ def _one_term_per_kind(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("model")
-def _tiny_model_shape(r: Recipe) -> Iterator[Issue]:
+def _tiny_model_shape(r: RecipeSections) -> Iterator[Issue]:
     tiny = r.model.tiny
     if tiny is None:
         return
@@ -229,44 +208,8 @@ def _tiny_model_shape(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("losses", "model")
-def _mtp_depth_fits_model(r: Recipe) -> Iterator[Issue]:
-    shape = model_shape(r.model)
-    if shape is None:
-        return
-    for i, term in _terms(r):
-        if term.kind != "mtp" or term.depth <= shape.mtp_layers:
-            continue
-        yield Issue(
-            ("losses", i, "depth"),
-            f"mtp depth {term.depth} exceeds the model's MTP layers ({shape.mtp_layers}); "
-            + _more_mtp_layers(shape, "mtp_layers >= depth"),
-        )
-
-
-@rule("rollout", "model")
-def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
-    spec, shape = r.rollout.speculative, model_shape(r.model)
-    if spec is None or spec.method != "mtp" or shape is None:
-        return
-    where = ("rollout", "speculative")
-    if shape.mtp_layers == 0:
-        yield Issue(
-            (*where, "method"),
-            "speculative method 'mtp' drafts with the model's MTP layers, and it has none; "
-            + _more_mtp_layers(shape, "mtp_layers: 1"),
-        )
-    elif spec.num_speculative_tokens > 1:
-        yield Issue(
-            (*where, "num_speculative_tokens"),
-            f"vLLM 0.32 runs MiMo-style MTP with exactly 1 draft token per step, not "
-            f"{spec.num_speculative_tokens}: its drafter does not feed the head back into itself "
-            "(accepted: method: mtp with num_speculative_tokens: 1 on a model with MTP layers)",
-        )
-
-
 @rule("rollout", "task")
-def _speculation_needs_rollouts(r: Recipe) -> Iterator[Issue]:
+def _speculation_needs_rollouts(r: RecipeSections) -> Iterator[Issue]:
     if r.rollout.speculative is not None and r.task is None:
         yield Issue(
             ("rollout", "speculative"),
@@ -277,7 +220,7 @@ def _speculation_needs_rollouts(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("rollout", "task")
-def _staleness_needs_rollouts(r: Recipe) -> Iterator[Issue]:
+def _staleness_needs_rollouts(r: RecipeSections) -> Iterator[Issue]:
     if r.rollout.max_staleness > 0 and r.task is None:
         yield Issue(
             ("rollout", "max_staleness"),
@@ -287,44 +230,8 @@ def _staleness_needs_rollouts(r: Recipe) -> Iterator[Issue]:
         )
 
 
-def _not_split_by(tp: int, shape: ModelShape, names: tuple[str, ...]) -> Iterator[tuple[str, int]]:
-    """(name, count) of each of `names` that `tp` ranks cannot split evenly."""
-    for name in names:
-        count = getattr(shape, name)
-        if count % tp:
-            yield name, count
-
-
-def _more_mtp_layers(shape: ModelShape, setting: str) -> str:
-    if shape.config is None:
-        return f"set model.tiny.architecture: mimo and {setting}"
-    return f"use a model with MTP layers ({shape.label('mtp_layers')} is {shape.mtp_layers})"
-
-
-@rule("parallel", "model")
-def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
-    shape, tp = model_shape(r.model), r.parallel.tp
-    if shape is None or tp == 1:
-        return
-    # Each rank holds whole attention heads, a slice of the MLP and an equal vocab shard (the
-    # trainer does not pad the vocab at run time; a tiny model's null vocab is padded to a
-    # multiple of VOCAB_MULTIPLE when it is built).
-    for name, count in _not_split_by(tp, shape, ("heads", "kv_heads", "intermediate")):
-        yield Issue(("parallel", "tp"), f"tp {tp} does not divide {shape.label(name)} ({count})")
-    vocab = shape.vocab if shape.vocab is not None else VOCAB_MULTIPLE
-    if vocab % tp:
-        fix = (
-            f"set it to a multiple of {tp} (or leave it null)"
-            if shape.config is None
-            else "pad the checkpoint's vocabulary to a multiple of tp"
-        )
-        yield Issue(
-            ("parallel", "tp"), f"tp {tp} does not divide {shape.label('vocab')} ({vocab}); {fix}"
-        )
-
-
 @rule("parallel", "resources")
-def _world_size_matches(r: Recipe) -> Iterator[Issue]:
+def _world_size_matches(r: RecipeSections) -> Iterator[Issue]:
     world, p = r.resources.world_size, r.parallel
     if world is not None and world != p.world_size:
         yield Issue(
@@ -334,12 +241,10 @@ def _world_size_matches(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("parallel", "resources", "rollout", "task")
-def _local_ray_holds_the_actors(r: Recipe) -> Iterator[Issue]:
+def _local_ray_holds_the_actors(r: RecipeSections) -> Iterator[Issue]:
     res = r.resources
     if res.ray_address is not None:
         return  # a cluster's size is known when the run joins it (checked then)
-    from mtprun.spec.actors import ActorDemand
-
     demand = ActorDemand.of(r)
     have = {"GPU": float(res.num_gpus)}
     if res.num_cpus is not None:  # null: Ray takes this machine's cores (checked at start)
@@ -353,19 +258,8 @@ def _local_ray_holds_the_actors(r: Recipe) -> Iterator[Issue]:
             )
 
 
-@rule("rollout", "model", "task")
-def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
-    shape = model_shape(r.model)
-    if r.task is not None and shape is not None and r.rollout.max_tokens >= shape.max_seq_len:
-        yield Issue(
-            ("rollout", "max_tokens"),
-            f"max_tokens {r.rollout.max_tokens} leaves no room for the prompt within "
-            f"{shape.label('max_seq_len')} {shape.max_seq_len} (vLLM's max model length)",
-        )
-
-
 @rule("trainer")
-def _warmup_within_steps(r: Recipe) -> Iterator[Issue]:
+def _warmup_within_steps(r: RecipeSections) -> Iterator[Issue]:
     if r.trainer.warmup_steps > r.trainer.steps:
         yield Issue(
             ("trainer", "warmup_steps"),
@@ -376,7 +270,7 @@ def _warmup_within_steps(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("task")
-def _task_prompts_and_reward(r: Recipe) -> Iterator[Issue]:
+def _task_prompts_and_reward(r: RecipeSections) -> Iterator[Issue]:
     task = r.task
     if task is None:
         return
@@ -386,24 +280,16 @@ def _task_prompts_and_reward(r: Recipe) -> Iterator[Issue]:
             "a task needs `name:` (a built-in task) or `prompts:` (a dataset), "
             + ("not both" if task.name else "and has neither"),
         )
-    if task.reward is None:
-        if task.environment is None:
-            yield Issue(
-                ("task",),
-                "a task needs `reward:` (a built-in reward such as exact_answer, or "
-                "`file.py:function`), unless its task.environment rewards every episode",
-            )
-        return
-    # The data package owns the rewards; it imports the reward (user code) to check it.
-    from mtprun.data.rewards import reward_problem
-
-    problem = reward_problem(task.reward)
-    if problem is not None:
-        yield Issue(("task", "reward"), problem)
+    if task.reward is None and task.environment is None:
+        yield Issue(
+            ("task",),
+            "a task needs `reward:` (a built-in reward such as exact_answer, or "
+            "`file.py:function`), unless its task.environment rewards every episode",
+        )
 
 
 @rule("task")
-def _sampling_rounds_need_dynamic_sampling(r: Recipe) -> Iterator[Issue]:
+def _sampling_rounds_need_dynamic_sampling(r: RecipeSections) -> Iterator[Issue]:
     task = r.task
     if task is None or task.drop_uniform_groups:
         return
@@ -416,43 +302,8 @@ def _sampling_rounds_need_dynamic_sampling(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("task", "data", "warmstart", "eval")
-def _sources_exist(r: Recipe) -> Iterator[Issue]:
-    # The data package owns the registry of built-in tasks; imported only when checking.
-    from mtprun.data.tasks import TASKS
-
-    sources: list[tuple[KeyPath, Any]] = []
-    if r.task is not None:
-        sources += [(("task", "name"), r.task.name), (("task", "prompts"), r.task.prompts)]
-    if r.data is not None:
-        sources.append((("data", "source"), r.data.source))
-    if r.warmstart is not None:
-        sources.append((("warmstart", "data", "source"), r.warmstart.data.source))
-    if r.eval is not None:
-        sources.append((("eval", "prompts"), r.eval.prompts))
-    for path, source in sources:
-        if source is None:
-            continue
-        if isinstance(source, str) and source in TASKS:
-            continue
-        file = source if isinstance(source, str) else source.path
-        where = path if isinstance(source, str) else (*path, "path")
-        if not os.path.exists(file):
-            if file.endswith(DATA_FILE_SUFFIXES) or not isinstance(source, str):
-                yield Issue(where, f"file not found: {file}")
-                continue
-            name = os.path.basename(file)
-            yield Issue(
-                where,
-                f"unknown built-in task '{name}'{did_you_mean(name, TASKS)}; built-in: "
-                f"{', '.join(TASKS)}; or a dataset file or folder (none at {file})",
-            )
-        elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
-            yield Issue(where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}")
-
-
 @rule("eval", "task")
-def _eval_has_prompts(r: Recipe) -> Iterator[Issue]:
+def _eval_has_prompts(r: RecipeSections) -> Iterator[Issue]:
     if r.eval is None:
         return
     if r.task is None:
@@ -466,38 +317,3 @@ def _eval_has_prompts(r: Recipe) -> Iterator[Issue]:
             "no evaluation prompts: hold rows out of the task's dataset (task.prompts.heldout: "
             "N or a fraction) or give eval.prompts",
         )
-
-
-@rule("task")
-def _environment_loads(r: Recipe) -> Iterator[Issue]:
-    if r.task is None or r.task.environment is None:
-        return
-    # Imports the user's module (as the runner will): its errors are the recipe's.
-    from mtprun.data.environment import load_environment_class
-
-    try:
-        load_environment_class(r.task.environment)
-    except ValueError as err:
-        yield Issue(("task", "environment"), f"task.environment: {err}")
-
-
-@rule("model", "parallel", "trainer", "resources", "losses", "data", "task")
-def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
-    gib = r.resources.gpu_memory_gib
-    terms = [t for _, t in _terms(r)]
-    if gib is None or not terms or len(terms) < len(r.losses) or model_shape(r.model) is None:
-        return  # no budget, broken terms, or a model shape not known here: nothing to check
-    # The estimate's head-loss part compiles the plan, which imports torch: only recipes that
-    # ask for this check pay for it (`mtprun validate` stays torch-free otherwise).
-    from mtprun.compiler.memory import GIB, over_budget_message, recipe_trainer_memory
-
-    memory = recipe_trainer_memory(r)
-    if isinstance(memory, str) or memory.total <= gib * GIB:
-        return
-    yield Issue(
-        ("resources", "gpu_memory_gib"),
-        over_budget_message(
-            memory, f"resources.gpu_memory_gib {gib:g}", r.trainer.micro_batch_tokens
-        ),
-        "warning",
-    )

@@ -12,8 +12,8 @@ import pytest
 from mtprun.cli import main
 from mtprun.compiler import HeadPlan, compile_recipe
 from mtprun.compiler.estimate import estimate_head_cost
-from mtprun.compiler.memory import TrainerMemory, recipe_trainer_memory
-from mtprun.spec import load_recipe
+from mtprun.preflight import load_recipe
+from mtprun.preflight.memory import TrainerMemory, recipe_trainer_memory
 from mtprun.spec.schema import recipe_json_schema
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from mtprun.compiler import HeadPlan
-from mtprun.kernels.output import HeadLossOutput
+from mtprun.kernels import HeadInputs, HeadLossOutput
 
 
 @dataclass
 class Problem:
-    """One random batch: differentiable leaves plus the keyword arguments of head_loss."""
+    """One random batch: differentiable leaves plus the other arguments of HeadInputs.build."""
 
     plan: HeadPlan
     hidden: torch.Tensor
@@ -34,11 +35,21 @@ class Problem:
         )
         return Problem(self.plan, hidden, weight, mtp, dict(self.kwargs), self.seed)
 
-    def call(self, fn: Callable[..., HeadLossOutput], **extra: Any) -> HeadLossOutput:
-        kwargs = dict(self.kwargs, **extra)
-        if self.mtp_hidden:
-            kwargs["mtp_hidden"] = self.mtp_hidden
-        return fn(self.hidden, self.weight, self.plan, **kwargs)
+    def inputs(self, tp_group: dist.ProcessGroup | None = None) -> HeadInputs:
+        """The problem as checked head-loss inputs."""
+        mtp = {"mtp_hidden": self.mtp_hidden} if self.mtp_hidden else {}
+        return HeadInputs.build(
+            self.plan, self.hidden, self.weight, **self.kwargs, **mtp, tp_group=tp_group
+        )
+
+    def call(
+        self,
+        fn: Callable[..., HeadLossOutput],
+        tp_group: dist.ProcessGroup | None = None,
+        **options: Any,
+    ) -> HeadLossOutput:
+        """`fn` (head_loss or the reference) on the problem's inputs."""
+        return fn(self.inputs(tp_group), **options)
 
 
 def make_problem(

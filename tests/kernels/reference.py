@@ -1,48 +1,33 @@
 """Float64 reference of the fused head loss: materialises the logits and lets autograd derive
-every gradient. Same signature as `mtprun.kernels.head_loss`, written independently of the
-engine (plain loops for MTP validity and aggregation) so that the two check each other.
+every gradient. Same call as `mtprun.kernels.head_loss` (checked `HeadInputs`), written
+independently of the engine (plain loops for MTP validity and aggregation) so that the two
+check each other.
 The Triton kernels are tested against it as well.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from mtprun.compiler import HeadPlan
-from mtprun.kernels.output import HeadLossOutput
-from mtprun.spec.losses import LossTerm
+from mtprun.kernels import HeadInputs, HeadLossOutput
+from mtprun.losses import LossTerm
 
 
-def reference_head_loss(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    plan: HeadPlan,
-    *,
-    targets: torch.Tensor,
-    loss_mask: torch.Tensor,
-    advantages: torch.Tensor | None = None,
-    old_logprobs: torch.Tensor | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    mtp_hidden: Sequence[torch.Tensor] | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    tp_group: object = None,
-    teacher_hidden: torch.Tensor | None = None,
-    teacher_weight: torch.Tensor | None = None,
-    sampler_logprobs: torch.Tensor | None = None,
-    chunking: object = None,
-) -> HeadLossOutput:
-    """Loss in float64; gradients flow back to the given tensors (cast to their dtype)."""
-    assert tp_group is None, "the reference is single-process: compare TP runs against it"
+def reference_head_loss(inputs: HeadInputs) -> HeadLossOutput:
+    """Loss in float64 on `head_loss`'s checked inputs; gradients flow back to the given
+    tensors (cast to their dtype)."""
+    assert inputs.tp_group is None, "the reference is single-process: compare TP runs against it"
+    assert inputs.tokens_per_sequence is None, "the reference weighs one call alone"
+    plan, hidden, targets = inputs.plan, inputs.hidden, inputs.targets
+    old_logprobs, sampler_logprobs = inputs.old_logprobs, inputs.sampler_logprobs
     n = hidden.shape[0]
-    bounds = [0, n] if cu_seqlens is None else [int(b) for b in cu_seqlens]
+    bounds = [int(b) for b in inputs.cu_seqlens]
     seq_of = [s for s in range(len(bounds) - 1) for _ in range(bounds[s], bounds[s + 1])]
-    mask = [bool(m) for m in loss_mask]
-    w64 = weight.double()
+    mask = [bool(m) for m in inputs.loss_mask]
+    w64 = inputs.weight.double()
     logits = hidden.double() @ w64.T
     logp_all = logits.log_softmax(-1)
-    logp = logp_all.gather(1, targets.long()[:, None]).squeeze(1)
+    logp = logp_all.gather(1, targets[:, None]).squeeze(1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     valid = torch.tensor(mask)
     rows = [t for t in range(n) if mask[t]]
@@ -65,10 +50,11 @@ def reference_head_loss(
                 log_ratio = _gspo_log_ratio(logp, old, rows, seq_of)
             else:
                 log_ratio = logp - old
-            inputs = (advantages.double(), ref_logprobs, sampler_logprobs, old)
-            per_token, extra = _grpo(term, logp, log_ratio, inputs, rows)
+            per_row = (inputs.advantages.double(), inputs.ref_logprobs, sampler_logprobs, old)
+            per_token, extra = _grpo(term, logp, log_ratio, per_row, rows)
         elif term.kind == "distill":
-            teacher = teacher_hidden.double() @ teacher_weight.double().T / term.temperature
+            teacher = inputs.teacher_hidden.double() @ inputs.teacher_weight.double().T
+            teacher = teacher / term.temperature
             per_token = -(teacher.softmax(-1) * logp_all).sum(-1)
         value = _aggregate(term, per_token, rows, seq_of, bounds, plan.norm_length)
         loss = loss + term.weight * value
@@ -88,7 +74,9 @@ def reference_head_loss(
     if mtp is not None:
         head_values = []
         for k in plan.mtp_depths:
-            value, agree = _mtp_head(mtp, k, mtp_hidden[k - 1], w64, logits, targets, mask, seq_of)
+            value, agree = _mtp_head(
+                mtp, k, inputs.mtp_hidden[k - 1], w64, logits, targets, mask, seq_of
+            )
             head_values.append(_aggregate(mtp, value[0], value[1], seq_of, bounds, None))
             metrics[f"mtp/{k}/loss"] = head_values[-1].detach()
             metrics[f"mtp/{k}/top1_agree"] = agree

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from mtprun.kernels import Chunking, head_loss
+from mtprun.kernels import Chunking, HeadInputs, head_loss
 
 from .cases import assert_matches_reference, make_problem
 from .reference import reference_head_loss
@@ -187,18 +187,19 @@ def test_draft_loss_never_reaches_the_policy_trunk():
 
 
 def test_library_api_as_documented():
-    from mtprun import HeadPlan
+    from mtprun import HeadInputs, HeadPlan
     from mtprun import head_loss as public_head_loss
 
     plan = HeadPlan.from_losses([{"kind": "ce"}, {"kind": "z_loss", "weight": 1e-4}])
     hidden = torch.randn(12, 8, requires_grad=True)
     weight = torch.randn(40, 8, requires_grad=True)
     targets, mask = torch.randint(0, 40, (12,)), torch.rand(12) < 0.5
-    out = public_head_loss(
-        hidden, weight, plan, targets=targets, loss_mask=mask,
+    inputs = HeadInputs.build(
+        plan, hidden, weight, targets=targets, loss_mask=mask,
         advantages=None, old_logprobs=None, ref_logprobs=None,
         mtp_hidden=None, cu_seqlens=None, tp_group=None,
     )  # fmt: skip
+    out = public_head_loss(inputs)
     out.loss.backward()
     assert out.loss.dim() == 0 and hidden.grad is not None and weight.grad is not None
     assert list(out.metrics) == ["entropy", "ce", "z_loss"]
@@ -246,14 +247,15 @@ def test_calls_weighted_by_their_token_share_add_up_to_the_step(loss_agg):
     for rows, bounds in ((slice(0, 30), [0, 5, 30]), (slice(30, 60), [0, 4, 10, 30])):
         kwargs = {k: v[rows] for k, v in split.kwargs.items() if k != "cu_seqlens"}
         share = int(mask[rows].sum()) / total
-        out = head_loss(
+        inputs = HeadInputs.build(
+            split.plan,
             split.hidden[rows],
             split.weight,
-            split.plan,
             **kwargs,
             cu_seqlens=torch.tensor(bounds),
             tokens_per_sequence=total / sequences,
         )
+        out = head_loss(inputs)
         parts.append(share * out.loss)
     loss = sum(parts)
     loss.backward()

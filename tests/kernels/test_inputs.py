@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mtprun.compiler import HeadPlan
-from mtprun.kernels import Chunking, head_loss
+from mtprun.kernels import Chunking, HeadInputs, head_loss
 from mtprun.kernels.inputs import mtp_valid, sequence_ids
 
 from .cases import make_problem
@@ -28,7 +28,7 @@ def call(**changes):
     for name, change in changes.items():
         target = args if name in args else kwargs
         target[name] = change(target.get(name)) if callable(change) else change
-    return head_loss(args["hidden"], args["weight"], args["plan"], **kwargs)
+    return head_loss(HeadInputs.build(args["plan"], args["hidden"], args["weight"], **kwargs))
 
 
 def set_row(tensor, row, value):

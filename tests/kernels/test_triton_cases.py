@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from mtprun.compiler import HeadPlan
+from mtprun.kernels import HeadInputs
 
 from .reference import reference_head_loss
 
@@ -108,8 +110,10 @@ def make_batch(
     }
 
 
-def arguments(plan: HeadPlan, batch: dict) -> dict:
-    """Only the inputs the plan uses (validate rejects the others)."""
+def head_inputs(
+    plan: HeadPlan, batch: dict, tp_group: dist.ProcessGroup | None = None
+) -> HeadInputs:
+    """The batch's inputs that the plan uses (HeadInputs.build rejects the others), checked."""
     args = {k: batch[k] for k in ("targets", "loss_mask", "cu_seqlens")}
     if plan.term("grpo") is not None:
         args.update({k: batch[k] for k in ("advantages", "old_logprobs", "ref_logprobs")})
@@ -119,15 +123,15 @@ def arguments(plan: HeadPlan, batch: dict) -> dict:
         args["mtp_hidden"] = batch["mtp_hidden"][: len(plan.mtp_depths)]
     if plan.term("distill") is not None:
         args.update({k: batch[k] for k in ("teacher_hidden", "teacher_weight")})
-    return args
+    return HeadInputs.build(plan, batch["hidden"], batch["weight"], **args, tp_group=tp_group)
 
 
-def run(fn, plan: HeadPlan, batch: dict, **options):
+def run(fn, plan: HeadPlan, batch: dict, tp_group: dist.ProcessGroup | None = None, **options):
     """Loss output and the gradients of hidden, weight and the used mtp_hidden."""
     students = [batch["hidden"], batch["weight"], *batch["mtp_hidden"][: len(plan.mtp_depths)]]
     for tensor in students:
         tensor.grad = None
-    out = fn(batch["hidden"], batch["weight"], plan, **arguments(plan, batch), **options)
+    out = fn(head_inputs(plan, batch, tp_group), **options)
     out.loss.backward()
     grads = [t.grad.clone() if t.grad is not None else torch.zeros_like(t) for t in students]
     return out, grads

@@ -14,49 +14,33 @@ triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("compiles real kernels: run without TRITON_INTERPRET", allow_module_level=True)
 
+from pydantic import TypeAdapter  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from mtprun.kernels.triton import rows, scale, select  # noqa: E402
+from mtprun import losses  # noqa: E402
+from mtprun.kernels.triton import groups, rows, scale, select  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
-MINIMAL = {
-    "HAS_CE": True,
-    "HAS_Z": False,
-    "HAS_GRPO": False,
-    "HAS_OLD": False,
-    "KL_ESTIMATOR": 0,
-    "SEQ_RATIO": False,
-    "CISPO": False,
-    "DUAL_CLIP": False,
-    "HAS_IS_WEIGHT": False,
-    "HAS_ENTROPY_BONUS": False,
-    "HAS_TEACHER": False,
-    "HAS_PLAIN": False,
-    "ARGMAX": False,
-}
-EVERYTHING = {
-    "HAS_CE": True,
-    "HAS_Z": True,
-    "HAS_GRPO": True,
-    "HAS_OLD": True,
-    "KL_ESTIMATOR": 3,
-    "SEQ_RATIO": True,
-    "CISPO": False,
-    "DUAL_CLIP": True,
-    "HAS_IS_WEIGHT": True,
-    "HAS_ENTROPY_BONUS": True,
-    "HAS_TEACHER": True,
-    "HAS_PLAIN": True,
-    "ARGMAX": True,
-}
-_SCALARS = {
-    "inv_temperature": "fp32",
-    "clip_low": "fp32",
-    "clip_high": "fp32",
-    "clip_c": "fp32",
-    "kl_coef": "fp32",
-}
+_GRPO = {"kind": "grpo", "ratio": "sequence", "clip_c": 3.0, "tis_cap": 2.0, "kl_coef": 0.1}
+MINIMAL = [{"kind": "ce"}]
+# Every row function with its heaviest options (one group never has them all, the kernel can).
+EVERYTHING = [
+    {"kind": "ce"},
+    {"kind": "z_loss"},
+    _GRPO,
+    {"kind": "entropy", "coef": 0.01},
+    {"kind": "distill", "teacher": "t"},
+    {"kind": "mtp", "target": "topk", "topk": 4},
+]
+_TERMS = TypeAdapter(list[losses.LossTerm])
+
+
+def _kernel_terms(terms: list[dict]) -> groups.KernelTerms:
+    calls = tuple(
+        losses.triton(t, has_old=True, has_ref=True) for t in _TERMS.validate_python(terms)
+    )
+    return groups.kernel_terms(calls, argmax=any(t["kind"] == "mtp" for t in terms))
 
 
 def _signature(
@@ -75,10 +59,15 @@ def _signature(
     return signature
 
 
-def _row_kernel_signature(logits_type: str) -> dict[str, str]:
+def _row_kernel_signature(logits_type: str, terms: groups.KernelTerms) -> dict[str, str]:
     pointers = {"logits_ptr": f"*{logits_type}", "teacher_ptr": f"*{logits_type}"}
     pointers |= {"targets_ptr": "*i64", "teacher_rows_ptr": "*i64"}
-    return _signature(rows.head_rows_kernel, pointers, "*fp32", _SCALARS)
+    scalars = {
+        "inv_temperature": "fp32",
+        "token_inputs": ("*fp32",) * 5,
+        "row_params": tuple(("fp32",) * len(p) for p in terms.params),
+    }
+    return _signature(rows.head_rows_kernel, pointers, "*fp32", scalars)
 
 
 MODES = {"fused": rows.FUSED.value, "stats": rows.STATS.value, "grad": rows.GRAD.value}
@@ -89,20 +78,34 @@ VARIANTS = [
     ("fused", "k1", "bf16"),
     ("grad", "cispo", "bf16"),
 ]
-FLAGS = {
+TERMS = {
     "ce": MINIMAL,
     "all": EVERYTHING,
-    "k1": {**EVERYTHING, "KL_ESTIMATOR": 1},
-    "cispo": {**EVERYTHING, "CISPO": True, "DUAL_CLIP": False},
+    "k1": [{**term, "kl_estimator": "k1"} if term is _GRPO else term for term in EVERYTHING],
+    "cispo": [
+        {"kind": "grpo", "policy_loss": "cispo", "ratio": "sequence", "tis_cap": 2.0}
+        if term is _GRPO
+        else term
+        for term in EVERYTHING
+    ],
 }
 
 
-@pytest.mark.parametrize(("mode", "flags", "logits_type"), VARIANTS)
-def test_row_kernel_compiles_for_sm90(mode: str, flags: str, logits_type: str) -> None:
-    constexprs = {**FLAGS[flags], "MODE": MODES[mode], "BLOCK_V": 8192}
+@pytest.mark.parametrize(("mode", "terms", "logits_type"), VARIANTS)
+def test_row_kernel_compiles_for_sm90(mode: str, terms: str, logits_type: str) -> None:
+    kernel_terms = _kernel_terms(TERMS[terms])
+    constexprs = {
+        "ROWS": kernel_terms.rows,
+        "OPTIONS": kernel_terms.options,
+        "ROW_VALUES": rows.ROW_VALUE_COLUMNS,
+        "TEACHER": kernel_terms.teacher,
+        "ARGMAX": kernel_terms.argmax,
+        "MODE": MODES[mode],
+        "BLOCK_V": 8192,
+    }
     source = ASTSource(
         fn=rows.head_rows_kernel,
-        signature=_row_kernel_signature(logits_type),
+        signature=_row_kernel_signature(logits_type, kernel_terms),
         constexprs=constexprs,
     )
     compiled = triton.compile(source, target=H100, options={"num_warps": 8})

@@ -16,12 +16,12 @@ if not torch.cuda.is_available():
 
 from mtprun.compiler import HeadPlan
 from mtprun.kernels import head_loss
-from mtprun.kernels.triton import head_loss_triton
+from mtprun.kernels.triton import triton_head_loss
 
 from .cases import Problem, make_problem
 from .reference import reference_head_loss
 from .test_head_loss import AGGREGATIONS, COMBINED, SINGLE_TERMS
-from .test_triton_cases import PLANS, arguments, assert_matches_reference, make_batch
+from .test_triton_cases import PLANS, assert_matches_reference, head_inputs, make_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -54,7 +54,7 @@ def test_matches_reference_on_gpu(name: str, active: float, dtype: torch.dtype) 
         tol = TOPK_BF16_TOLERANCE
     if name == "dual_clip" and dtype == torch.bfloat16:
         tol = DUAL_CLIP_BF16_TOLERANCE
-    assert_matches_reference(head_loss_triton, plan, batch, tol, chunk_bytes=chunk_bytes)
+    assert_matches_reference(triton_head_loss, plan, batch, tol, chunk_bytes=chunk_bytes)
     # The public entry point dispatches CUDA tensors to the same kernels.
     assert_matches_reference(head_loss, plan, batch, tol)
 
@@ -133,14 +133,13 @@ def test_forward_and_backward_read_the_device_once(name: str) -> None:
     catches up, which dominated the step at 3% active rows."""
     plan = HeadPlan.from_losses(PLANS[name])
     batch = make_batch(7, 0.03, dtype=torch.bfloat16, device="cuda", **SHAPE)
-    args = arguments(plan, batch)
-    head_loss(batch["hidden"], batch["weight"], plan, **args).loss.backward()  # compile first
+    head_loss(head_inputs(plan, batch)).loss.backward()  # compile first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            head_loss(batch["hidden"], batch["weight"], plan, **args).loss.backward()
+            head_loss(head_inputs(plan, batch)).loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
@@ -152,13 +151,12 @@ def test_non_finite_hidden_is_rejected_only_under_the_mask(value: float) -> None
     """The row-selection kernel's finiteness check, compiled (the interpreter runs numpy)."""
     plan = HeadPlan.from_losses(PLANS["sft"])
     batch = make_batch(8, 0.5, dtype=torch.bfloat16, device="cuda", **SHAPE)
-    args = arguments(plan, batch)
     masked, selected = (int(torch.nonzero(batch["loss_mask"] == m)[5]) for m in (False, True))
     with torch.no_grad():
         batch["hidden"][masked, 100] = value
-    out = head_loss(batch["hidden"], batch["weight"], plan, **args)
+    out = head_loss(head_inputs(plan, batch))
     assert bool(torch.isfinite(out.loss))
     with torch.no_grad():
         batch["hidden"][selected, 3] = value
     with pytest.raises(ValueError, match=f"non-finite values .* 1 row.*first at row {selected}"):
-        head_loss(batch["hidden"], batch["weight"], plan, **args)
+        head_loss(head_inputs(plan, batch))

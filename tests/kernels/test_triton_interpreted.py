@@ -21,14 +21,15 @@ pytest.importorskip("triton")
 import torch
 
 from mtprun.compiler import HeadPlan
-from mtprun.kernels.inputs import row_groups, validate
-from mtprun.kernels.triton import head_loss_triton, launch, rows
+from mtprun.kernels import HeadInputs
+from mtprun.kernels.inputs import row_groups
+from mtprun.kernels.triton import launch, rows, triton_head_loss
 from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 
 from .test_triton_cases import (
     PLANS,
-    arguments,
     assert_matches_reference,
+    head_inputs,
     make_batch,
     run,
 )
@@ -51,26 +52,26 @@ def _small_tiles(monkeypatch):
 def test_matches_reference_float32(name: str, active: float) -> None:
     plan = HeadPlan.from_losses(PLANS[name])
     batch = make_batch(len(name) * 7 + int(active * 10), active, **SHAPE)
-    assert_matches_reference(head_loss_triton, plan, batch, 2e-4, chunk_bytes=SEVEN_ROW_CHUNKS)
+    assert_matches_reference(triton_head_loss, plan, batch, 2e-4, chunk_bytes=SEVEN_ROW_CHUNKS)
 
 
 @pytest.mark.parametrize("name", ["sft", "grpo", "mtp_soft", "gspo_dual_clip_tis"])
 def test_matches_reference_bfloat16(name: str) -> None:
     plan = HeadPlan.from_losses(PLANS[name])
     batch = make_batch(7, 0.5, dtype=torch.bfloat16, **SHAPE)
-    assert_matches_reference(head_loss_triton, plan, batch, 3e-2)
+    assert_matches_reference(triton_head_loss, plan, batch, 3e-2)
 
 
 def test_sparse_mask_and_uncompacted_rows_agree() -> None:
     batch = make_batch(11, 0.1, **SHAPE)
     for compact in (True, False):
         plan = HeadPlan.from_losses(PLANS["grpo"], compact_mask=compact)
-        assert_matches_reference(head_loss_triton, plan, batch, 2e-4)
+        assert_matches_reference(triton_head_loss, plan, batch, 2e-4)
 
 
 def test_all_masked_batch_gives_zero_loss_and_gradients() -> None:
     plan = HeadPlan.from_losses(PLANS["mtp_soft"])
-    out, grads = run(head_loss_triton, plan, make_batch(3, 0.0, **SHAPE))
+    out, grads = run(triton_head_loss, plan, make_batch(3, 0.0, **SHAPE))
     assert float(out.loss.detach()) == 0.0
     assert all(float(m) == 0.0 for m in out.metrics.values())
     assert all(bool((g == 0).all()) for g in grads)
@@ -80,10 +81,10 @@ def test_all_masked_batch_gives_zero_loss_and_gradients() -> None:
 def test_loss_scale_reaches_gradients() -> None:
     plan = HeadPlan.from_losses(PLANS["sft"])
     batch = make_batch(5, 0.7, **SHAPE)
-    out = head_loss_triton(batch["hidden"], batch["weight"], plan, **arguments(plan, batch))
+    out = triton_head_loss(head_inputs(plan, batch))
     (3.0 * out.loss).backward()
     scaled = batch["hidden"].grad.clone()
-    _, grads = run(head_loss_triton, plan, batch)
+    _, grads = run(triton_head_loss, plan, batch)
     torch.testing.assert_close(scaled, 3.0 * grads[0])
 
 
@@ -91,10 +92,10 @@ def test_missing_advantages_is_rejected_with_the_argument_name() -> None:
     plan = HeadPlan.from_losses(PLANS["grpo"])
     batch = make_batch(1, 0.5, **SHAPE)
     with pytest.raises(ValueError, match="advantages"):
-        head_loss_triton(
+        HeadInputs.build(
+            plan,
             batch["hidden"],
             batch["weight"],
-            plan,
             targets=batch["targets"],
             loss_mask=batch["loss_mask"],
         )
@@ -126,7 +127,7 @@ def _tp_rank(rank: int, init_file: str, terms: list, batch: dict, results) -> No
             weight=batch["weight"][rank * shard : (rank + 1) * shard].requires_grad_(),
             mtp_hidden=[h.requires_grad_() for h in batch["mtp_hidden"]],
         )
-        out, grads = run(head_loss_triton, plan, batch, tp_group=dist.group.WORLD)
+        out, grads = run(triton_head_loss, plan, batch, tp_group=dist.group.WORLD)
         metrics = {k: float(v) for k, v in out.metrics.items()}
         # numpy arrays travel by value (tensors would be shared memory of an exited process)
         arrays = [t.numpy() for t in (out.logprobs, *grads)]
@@ -141,7 +142,7 @@ def test_vocab_parallel_matches_one_process(tmp_path, name: str) -> None:
 
     terms = TP_PLANS[name]
     batch = make_batch(21, 0.7, n=24, h=16, v=256)
-    single, single_grads = run(head_loss_triton, HeadPlan.from_losses(terms), batch)
+    single, single_grads = run(triton_head_loss, HeadPlan.from_losses(terms), batch)
     shared = {
         k: [t.detach() for t in v] if isinstance(v, list) else v.detach() for k, v in batch.items()
     }
@@ -175,7 +176,7 @@ def test_vocab_parallel_matches_one_process(tmp_path, name: str) -> None:
 def test_second_backward_on_one_forward_is_refused() -> None:
     plan = HeadPlan.from_losses(PLANS["sft"])
     batch = make_batch(2, 0.5, **SHAPE)
-    loss = head_loss_triton(batch["hidden"], batch["weight"], plan, **arguments(plan, batch)).loss
+    loss = triton_head_loss(head_inputs(plan, batch)).loss
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
@@ -186,12 +187,11 @@ def test_float32_teacher_for_a_bfloat16_student() -> None:
     batch = make_batch(3, 0.6, dtype=torch.bfloat16, **SHAPE)
     batch["teacher_hidden"] = batch["teacher_hidden"].float()
     batch["teacher_weight"] = batch["teacher_weight"].float()
-    assert_matches_reference(head_loss_triton, plan, batch, 3e-2)
+    assert_matches_reference(triton_head_loss, plan, batch, 3e-2)
 
 
-def _validated(plan: HeadPlan, batch: dict):
-    args = arguments(plan, batch)
-    return validate(plan, batch["hidden"].detach(), batch["weight"].detach(), **args)
+def _validated(plan: HeadPlan, batch: dict) -> HeadInputs:
+    return head_inputs(plan, batch | {k: batch[k].detach() for k in ("hidden", "weight")})
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from mtprun.models import ModelDims
+from mtprun.models import ModelShape
 from mtprun.runner.trainer.attention import (
     BLOCK,
     PADDED_WORK_LIMIT,
@@ -163,7 +163,7 @@ def test_padded_layout_and_its_work_ratio():
 
 
 def _grads(model_dir, recompute, batch):
-    dims = ModelDims.from_model_dir(model_dir)
+    dims = ModelShape.from_model_dir(model_dir)
     model = load_policy_model(model_dir, dims, torch.device("cpu"), 0, 1, recompute=recompute)
     hidden, _ = model.hidden_states(batch.input_ids, batch.position_ids, batch.cu_seqlens)
     (hidden.pow(2).mean() + hidden[:, 0].sum()).backward()
@@ -172,7 +172,7 @@ def _grads(model_dir, recompute, batch):
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_recomputation_gives_the_gradients_of_none(megatron_tp1, tiny_qwen2_dir, recompute):
-    dims = ModelDims.from_model_dir(tiny_qwen2_dir)
+    dims = ModelShape.from_model_dir(tiny_qwen2_dir)
     batch = random_packed_batch(dims.vocab, [9, 14, 6], seed=3)
     want = _grads(tiny_qwen2_dir, "none", batch)
     got = _grads(tiny_qwen2_dir, recompute, batch)

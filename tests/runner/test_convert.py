@@ -9,32 +9,32 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
-from mtprun.models import ModelDims, hf_to_megatron, megatron_to_hf
+from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
 from mtprun.models.pp_layout import PipelineStage, global_tensors, stage_tensors
 from mtprun.models.qwen2 import fuse_qkv, split_qkv
 from mtprun.models.tp_layout import unshard
 
 
-def _dims(**change) -> ModelDims:
+def _shape(**change) -> ModelShape:
     base = dict(
         architecture="Qwen2ForCausalLM", hidden=64, layers=1, heads=8, kv_heads=2, head_dim=8,
         intermediate=32, vocab=16, tie_embeddings=False, qkv_bias=True, mtp_layers=0,
         rms_norm_eps=1e-6, rope_theta=1e4, max_seq_len=64,
     )  # fmt: skip
-    return ModelDims(**{**base, **change})
+    return ModelShape(**{**base, **change})
 
 
 def test_fused_qkv_is_laid_out_per_query_group():
-    dims = _dims()
+    shape = _shape()
     q, k, v = torch.randn(64, 5), torch.randn(16, 5), torch.randn(16, 5)
-    fused = fuse_qkv(q, k, v, dims)
+    fused = fuse_qkv(q, k, v, shape)
     rows_per_group = (4 + 2) * 8  # 4 query heads, one key and one value head of size 8
     for g in range(2):
         block = fused[g * rows_per_group : (g + 1) * rows_per_group]
         torch.testing.assert_close(block[:32], q[g * 32 : (g + 1) * 32])
         torch.testing.assert_close(block[32:40], k[g * 8 : (g + 1) * 8])
         torch.testing.assert_close(block[40:], v[g * 8 : (g + 1) * 8])
-    for got, want in zip(split_qkv(fused, dims), (q, k, v), strict=True):
+    for got, want in zip(split_qkv(fused, shape), (q, k, v), strict=True):
         assert torch.equal(got, want)
 
 
@@ -44,11 +44,11 @@ def test_fused_qkv_is_laid_out_per_query_group():
 )
 def test_round_trip_through_tp_shards_is_exact(request, fixture, tp):
     folder = request.getfixturevalue(fixture)
-    dims = ModelDims.from_model_dir(folder)
+    shape = ModelShape.from_model_dir(folder)
     hf = load_file(folder / "model.safetensors")
-    shards = [hf_to_megatron(hf, dims, rank, tp) for rank in range(tp)]
+    shards = [hf_to_megatron(hf, shape, rank, tp) for rank in range(tp)]
     full = {name: unshard(name, [s[name] for s in shards]) for name in shards[0]}
-    back = megatron_to_hf(full, dims)
+    back = megatron_to_hf(full, shape)
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
@@ -57,19 +57,19 @@ def test_round_trip_through_tp_shards_is_exact(request, fixture, tp):
 @pytest.mark.parametrize("fixture", ["tiny_mimo_dir", "tiny_tied_dir"])
 def test_round_trip_through_pipeline_stages_is_exact(request, fixture):
     folder = request.getfixturevalue(fixture)
-    dims = ModelDims.from_model_dir(folder)
-    full = hf_to_megatron(load_file(folder / "model.safetensors"), dims)
-    first, last = (stage_tensors(full, dims, PipelineStage(r, 2, dims.layers)) for r in (0, 1))
+    shape = ModelShape.from_model_dir(folder)
+    full = hf_to_megatron(load_file(folder / "model.safetensors"), shape)
+    first, last = (stage_tensors(full, shape, PipelineStage(r, 2, shape.layers)) for r in (0, 1))
     # Stage-local layer numbers; the embedding first, the final norm and the heads last.
     assert {n.split(".")[2] for n in [*first, *last] if n.startswith("decoder.layers.")} == {"0"}
     assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
     assert "decoder.final_layernorm.weight" in last
     assert "output_layer.weight" in last  # a copy of the embedding when tied
-    assert any(n.startswith("mtp_layers.") for n in last) == (dims.mtp_layers > 0)
+    assert any(n.startswith("mtp_layers.") for n in last) == (shape.mtp_layers > 0)
     # The MTP layers' next-token lookups need the embedding on the last stage too.
-    assert ("embedding.word_embeddings.weight" in last) == (dims.mtp_layers > 0)
+    assert ("embedding.word_embeddings.weight" in last) == (shape.mtp_layers > 0)
     first, last = (
-        global_tensors(local, dims, PipelineStage(rank, 2, dims.layers))
+        global_tensors(local, shape, PipelineStage(rank, 2, shape.layers))
         for rank, local in enumerate((first, last))
     )
     assert not first.keys() & last.keys()  # each tensor exported by one stage, copies by none
@@ -85,32 +85,32 @@ def test_pipeline_stages_refuse_a_split_that_does_not_fit():
     with pytest.raises(ValueError, match=r"stage 2 is outside 0\.\.1"):
         PipelineStage(2, 2, 2)
     with pytest.raises(ValueError, match=r"no pipeline stage is known to hold 'rotary\.inv_freq'"):
-        stage_tensors({"rotary.inv_freq": torch.ones(1)}, _dims(), PipelineStage(0, 1, 1))
+        stage_tensors({"rotary.inv_freq": torch.ones(1)}, _shape(), PipelineStage(0, 1, 1))
 
 
 def test_tp_shards_split_the_vocab_and_the_glu_halves(tiny_qwen2_dir):
-    dims = ModelDims.from_model_dir(tiny_qwen2_dir)
+    shape = ModelShape.from_model_dir(tiny_qwen2_dir)
     hf = load_file(tiny_qwen2_dir / "model.safetensors")
-    rank1 = hf_to_megatron(hf, dims, tp_rank=1, tp_size=2)
-    vocab, inter = dims.vocab, dims.intermediate
+    rank1 = hf_to_megatron(hf, shape, tp_rank=1, tp_size=2)
+    vocab, inter = shape.vocab, shape.intermediate
     assert torch.equal(rank1["output_layer.weight"], hf["lm_head.weight"][vocab // 2 :])
     fc1 = rank1["decoder.layers.0.mlp.linear_fc1.weight"]
     assert torch.equal(fc1[: inter // 2], hf["model.layers.0.mlp.gate_proj.weight"][inter // 2 :])
     assert torch.equal(fc1[inter // 2 :], hf["model.layers.0.mlp.up_proj.weight"][inter // 2 :])
     proj = rank1["decoder.layers.0.self_attention.linear_proj.weight"]
-    assert torch.equal(proj, hf["model.layers.0.self_attn.o_proj.weight"][:, dims.hidden // 2 :])
+    assert torch.equal(proj, hf["model.layers.0.self_attn.o_proj.weight"][:, shape.hidden // 2 :])
 
 
 def test_mismatched_checkpoints_are_refused(tiny_qwen2_dir, tiny_mimo_dir):
-    dims = ModelDims.from_model_dir(tiny_qwen2_dir)
+    shape = ModelShape.from_model_dir(tiny_qwen2_dir)
     hf = load_file(tiny_qwen2_dir / "model.safetensors")
     missing = {k: v for k, v in hf.items() if "layers.1.mlp.up_proj" not in k}
     with pytest.raises(KeyError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
-        hf_to_megatron(missing, dims, source="ckpt")
+        hf_to_megatron(missing, shape, source="ckpt")
     with pytest.raises(ValueError, match=r"does not use.*mtp_layers"):
-        hf_to_megatron(load_file(tiny_mimo_dir / "model.safetensors"), dims)
+        hf_to_megatron(load_file(tiny_mimo_dir / "model.safetensors"), shape)
     with pytest.raises(ValueError, match=r"parallel\.tp=3 does not divide"):
-        hf_to_megatron(hf, dims, tp_rank=0, tp_size=3)
+        hf_to_megatron(hf, shape, tp_rank=0, tp_size=3)
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +129,9 @@ def llama_dir(tmp_path_factory):
 def _megatron_model(folder):
     from mtprun.runner.trainer.model import PolicyModel, load_megatron_weights
 
-    dims = ModelDims.from_model_dir(folder)
-    model = PolicyModel(dims)
-    load_megatron_weights(model, hf_to_megatron(load_file(folder / "model.safetensors"), dims))
+    shape = ModelShape.from_model_dir(folder)
+    model = PolicyModel(shape)
+    load_megatron_weights(model, hf_to_megatron(load_file(folder / "model.safetensors"), shape))
     return model.eval()
 
 
@@ -141,7 +141,7 @@ def test_megatron_logits_equal_transformers_logits(request, megatron_tp1, fixtur
     model = _megatron_model(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(11)
-    ids = torch.randint(0, model.dims.vocab, (1, 24), generator=g)
+    ids = torch.randint(0, model.shape.vocab, (1, 24), generator=g)
     causal = torch.triu(torch.ones(24, 24, dtype=torch.bool), diagonal=1)[None, None]
     with torch.no_grad():
         got = model(ids, torch.arange(24)[None], causal)
@@ -154,7 +154,7 @@ def test_packed_forward_equals_transformers_per_sequence(megatron_tp1, tiny_qwen
     hf = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).eval()
     lengths = [7, 12, 5]
     g = torch.Generator().manual_seed(12)
-    ids = torch.randint(0, model.dims.vocab, (sum(lengths),), generator=g)
+    ids = torch.randint(0, model.shape.vocab, (sum(lengths),), generator=g)
     cu = torch.tensor([0, 7, 19, 24], dtype=torch.int32)
     positions = torch.cat([torch.arange(n) for n in lengths])
     with torch.no_grad():
@@ -200,7 +200,7 @@ def _mimo_reference(folder, ids):
 def test_mimo_mtp_layer_matches_vllm_formula(megatron_tp1, tiny_mimo_dir):
     model = _megatron_model(tiny_mimo_dir)
     g = torch.Generator().manual_seed(13)
-    ids = torch.randint(0, model.dims.vocab, (20,), generator=g)
+    ids = torch.randint(0, model.shape.vocab, (20,), generator=g)
     cu = torch.tensor([0, 20], dtype=torch.int32)
     with torch.no_grad():
         _, mtp = model.hidden_states(ids, torch.arange(20), cu, targets=torch.roll(ids, -1))

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mtprun.data.tokenizer import build_tokenizer
-from mtprun.models import ModelDims, build_tiny_model, hf_to_megatron
+from mtprun.models import ModelShape, build_tiny_model, hf_to_megatron
 from mtprun.spec.model import TinyModel
 
 from .conftest import TINY
@@ -50,12 +50,12 @@ def test_mimo_folder_has_mtp_layers_in_vllm_naming(tiny_mimo_dir):
 def test_padded_vocab_splits_over_tensor_parallel_ranks(tmp_path):
     char = build_tokenizer("char")  # 105 tokens: no tp > 1 divides it
     folder = build_tiny_model(TinyModel(**TINY), char, tmp_path, seed=0)
-    dims = ModelDims.from_model_dir(folder)
-    assert len(char) == 105 and dims.vocab == 128
-    dims.check_tp(2)
+    shape = ModelShape.from_model_dir(folder)
+    assert len(char) == 105 and shape.vocab == 128
+    shape.check_tp(2)
     hf = load_file(folder / "model.safetensors")
     shards = [
-        hf_to_megatron(hf, dims, rank, 2)["embedding.word_embeddings.weight"] for rank in (0, 1)
+        hf_to_megatron(hf, shape, rank, 2)["embedding.word_embeddings.weight"] for rank in (0, 1)
     ]
     assert [s.shape[0] for s in shards] == [64, 64]
     torch.testing.assert_close(torch.cat(shards), hf["model.embed_tokens.weight"], rtol=0, atol=0)
@@ -71,7 +71,7 @@ def test_unpadded_vocab_is_refused_by_tensor_parallelism(tmp_path):
     with pytest.raises(
         ValueError, match=r"parallel.tp=2 does not divide the model's vocab_size=105"
     ):
-        ModelDims.from_model_dir(folder).check_tp(2)
+        ModelShape.from_model_dir(folder).check_tp(2)
 
 
 def test_tied_model_stores_the_embedding_once(tmp_path, tokenizer):
@@ -80,7 +80,7 @@ def test_tied_model_stores_the_embedding_once(tmp_path, tokenizer):
     assert "lm_head.weight" not in load_file(folder / "model.safetensors")
     model = AutoModelForCausalLM.from_pretrained(folder)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    assert ModelDims.from_model_dir(folder).tie_embeddings
+    assert ModelShape.from_model_dir(folder).tie_embeddings
 
 
 def test_seed_decides_the_weights(tmp_path, tokenizer):
@@ -110,6 +110,6 @@ def test_bad_tiny_specs_are_refused(tmp_path, tokenizer, change, message):
 
 def test_dims_refuse_unknown_architectures_and_missing_configs(tmp_path):
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        ModelDims.from_hf_config({"architectures": ["GPT2LMHeadModel"]}, source="x/config.json")
+        ModelShape.from_hf_config({"architectures": ["GPT2LMHeadModel"]}, source="x/config.json")
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
-        ModelDims.from_model_dir(tmp_path)
+        ModelShape.from_model_dir(tmp_path)

@@ -60,7 +60,7 @@ def test_sgd_step_matches_float64_transformers_loss_and_gradients(megatron_tp1, 
     recipe = make_recipe(tiny_qwen2_dir, losses=losses, trainer=SGD)
     trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
     before = trainer.hf_state_dict()
-    batches = _batches(trainer.dims.vocab, seed=0)
+    batches = _batches(trainer.shape.vocab, seed=0)
 
     metrics = trainer.train_step(batches)
 
@@ -100,7 +100,7 @@ def test_distill_step_matches_float64_transformers(megatron_tp1, tiny_qwen2_dir,
     trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
     teacher_before = copy.deepcopy(trainer.teacher.model.state_dict())
     before = trainer.hf_state_dict()
-    batches = _batches(trainer.dims.vocab, seed=5)
+    batches = _batches(trainer.shape.vocab, seed=5)
 
     metrics = trainer.train_step(batches)
 
@@ -141,7 +141,7 @@ def test_a_teacher_with_another_vocabulary_is_refused(
 def test_logprobs_match_transformers_under_the_mask(megatron_tp1, tiny_qwen2_dir):
     recipe = make_recipe(tiny_qwen2_dir)
     trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
-    batch = random_packed_batch(trainer.dims.vocab, [11, 17], seed=5)
+    batch = random_packed_batch(trainer.shape.vocab, [11, 17], seed=5)
     (got,) = trainer.logprobs([batch])
     reference = _hf_float64(tiny_qwen2_dir)
     with torch.no_grad():
@@ -154,7 +154,7 @@ def test_logprobs_match_transformers_under_the_mask(megatron_tp1, tiny_qwen2_dir
 def test_loss_falls_on_a_repeated_batch(megatron_tp1, tiny_qwen2_dir):
     recipe = make_recipe(tiny_qwen2_dir, trainer={"lr": 3e-3})
     trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
-    batches = _batches(trainer.dims.vocab, seed=2)
+    batches = _batches(trainer.shape.vocab, seed=2)
     losses = [trainer.train_step(batches)["loss"] for _ in range(6)]
     assert losses[-1] < losses[0] - 0.5
     assert trainer.step == 6
@@ -164,7 +164,7 @@ def test_checkpoint_restores_the_exact_continuation(megatron_tp1, tiny_qwen2_dir
     recipe = make_recipe(tiny_qwen2_dir, trainer={"lr": 1e-3, "schedule": "cosine", "steps": 5})
     plan = compile_recipe(recipe)
     first = Trainer(recipe, tiny_qwen2_dir, plan, "cpu")
-    batches = _batches(first.dims.vocab, seed=3)
+    batches = _batches(first.shape.vocab, seed=3)
     first.train_step(batches)
     state = copy.deepcopy(first.state_dict())  # like torch's, it holds live references
     continued = first.train_step(batches)
@@ -184,7 +184,7 @@ def test_mtp_draft_loss_never_reaches_the_trunk(megatron_tp1, tiny_mimo_dir):
         recipe = make_recipe(tiny_mimo_dir, losses=losses, trainer=SGD)
         trainer = Trainer(recipe, tiny_mimo_dir, compile_recipe(recipe), "cpu")
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-        metrics = trainer.train_step(_batches(trainer.dims.vocab, seed=4))
+        metrics = trainer.train_step(_batches(trainer.shape.vocab, seed=4))
         updates[name] = {n: before[n] - p.detach() for n, p in trainer.model.named_parameters()}
     assert "mtp/1/loss" in metrics
     for name, update in updates["ce"].items():
@@ -205,7 +205,7 @@ def test_separate_mtp_optimizer_leaves_the_policy_step_unchanged(megatron_tp1, t
     for name, losses in plans.items():
         recipe = make_recipe(tiny_mimo_dir, losses=losses, trainer={"lr": 1e-2, "grad_clip": 0.1})
         trainer = Trainer(recipe, tiny_mimo_dir, compile_recipe(recipe), "cpu")
-        batches = _batches(trainer.dims.vocab, seed=9)
+        batches = _batches(trainer.shape.vocab, seed=9)
         runs[name] = [trainer.train_step(batches) for _ in range(2)], trainer.state_dict()
     (plain, plain_state), (separate, separate_state) = runs["ce"], runs["ce+mtp"]
     for step_plain, step_separate in zip(plain, separate, strict=True):
@@ -233,7 +233,7 @@ def test_lr_schedule_warms_up_then_decays():
 def test_trainer_reports_the_scheduled_lr(megatron_tp1, tiny_qwen2_dir):
     recipe = make_recipe(tiny_qwen2_dir, trainer={"lr": 1e-3, "warmup_steps": 2, "steps": 4})
     trainer = Trainer(recipe, tiny_qwen2_dir, compile_recipe(recipe), "cpu")
-    batch = [random_packed_batch(trainer.dims.vocab, [8], seed=6)]
+    batch = [random_packed_batch(trainer.shape.vocab, [8], seed=6)]
     assert [trainer.train_step(batch)["lr"] for _ in range(3)] == pytest.approx([5e-4, 1e-3, 1e-3])
 
 
@@ -257,11 +257,11 @@ def test_bad_inputs_are_refused(megatron_tp1, tiny_qwen2_dir):
     bf16 = make_recipe(tiny_qwen2_dir, model={"path": str(tiny_qwen2_dir), "dtype": "bfloat16"})
     with pytest.raises(ValueError, match="float32 on CPU"):
         Trainer(bf16, tiny_qwen2_dir, trainer.plan, "cpu")
-    broken = random_packed_batch(trainer.dims.vocab, [8], seed=7)
+    broken = random_packed_batch(trainer.shape.vocab, [8], seed=7)
     broken.cu_seqlens = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seqlens"):
         trainer.train_step([broken])
-    too_long = random_packed_batch(trainer.dims.vocab, [8, TINY["max_seq_len"] + 1], seed=7)
+    too_long = random_packed_batch(trainer.shape.vocab, [8, TINY["max_seq_len"] + 1], seed=7)
     with pytest.raises(ValueError, match="a packed sequence of 257 tokens is longer than the"):
         trainer.train_step([too_long])
     with pytest.raises(ValueError, match="model's 256 positions"):
@@ -302,7 +302,7 @@ def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
         trainer={"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1},
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
-    batches = _batches(trainer.dims.vocab, seed=8, rl=True)
+    batches = _batches(trainer.shape.vocab, seed=8, rl=True)
     mine = [batches[i] for i in batch_ids]
     metrics = [trainer.train_step(mine) for _ in range(2)]
     return {

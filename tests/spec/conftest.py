@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtprun.spec import check_recipe
+from mtprun.preflight import check_recipe
 
 # A minimal valid SFT recipe; tests append sections after its 9 lines.
 BASE = """\

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtprun.spec import check_recipe, load_recipe
+from mtprun.preflight import check_recipe, load_recipe
 
 BASE_FILE = """\
 name: base

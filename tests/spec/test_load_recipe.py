@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mtprun.spec import RecipeError, RecipeWarning, load_recipe
+from mtprun.preflight import load_recipe
+from mtprun.spec import RecipeError, RecipeWarning
 
 RECIPE = "name: t\nmodel: {tiny: {heads: 2, kv_heads: 1}}\ndata: {source: arithmetic}\n"
 

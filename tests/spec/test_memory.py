@@ -1,4 +1,4 @@
-"""The trainer's memory per rank (mtprun.compiler.memory) and validate's warning when it does
+"""The trainer's memory per rank (mtprun.preflight.memory) and validate's warning when it does
 not fit `resources.gpu_memory_gib`."""
 
 from __future__ import annotations
@@ -7,19 +7,19 @@ import pytest
 
 from mtprun.compiler import HeadPlan
 from mtprun.compiler.estimate import estimate_head_cost
-from mtprun.compiler.memory import (
-    ModelSize,
+from mtprun.models.shape import ModelShape
+from mtprun.preflight import load_recipe
+from mtprun.preflight.memory import (
     TrainerMemory,
     estimate_trainer_memory,
     local_tokens,
     recipe_trainer_memory,
 )
-from mtprun.spec import load_recipe
 from mtprun.spec.errors import RecipeWarning
 from mtprun.spec.parallel import ParallelSection
 
 # hidden 64, 4 layers, 4 query / 2 KV heads of 16, FFN 128, vocab 1000, untied, q/k/v biases.
-SMALL = ModelSize(
+SMALL = ModelShape(
     hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=1000
 )
 TOKENS = 1024
@@ -44,7 +44,7 @@ FINAL_NORM = 2 * 64 * 2  # the final norm's input and output
 
 
 def _estimate(
-    size: ModelSize = SMALL,
+    size: ModelShape = SMALL,
     dtype: str = "bfloat16",
     recompute: str = "none",
     optimizer: str = "adamw",
@@ -149,7 +149,7 @@ def test_pipeline_parallelism_reports_the_most_loaded_stage() -> None:
 
 
 def test_a_tied_output_layer_is_one_copy_unless_split_over_stages() -> None:
-    tied = ModelSize(**{**SMALL.__dict__, "tie_embeddings": True})
+    tied = ModelShape(**{**SMALL.__dict__, "tie_embeddings": True})
     assert _estimate(tied).weights == 2 * (PARAMS - EMBEDDING)
     # pp = 2: the last stage keeps a trained copy of the embedding as its output layer.
     assert _estimate(tied, pp=2, plan=HeadPlan.from_losses([{"kind": "ce"}])).weights == 2 * (
@@ -158,7 +158,7 @@ def test_a_tied_output_layer_is_one_copy_unless_split_over_stages() -> None:
 
 
 def test_mtp_layers_count_on_the_last_stage() -> None:
-    mimo = ModelSize(**{**SMALL.__dict__, "mtp_layers": 1})
+    mimo = ModelShape(**{**SMALL.__dict__, "mtp_layers": 1})
     # A decoder layer, input_proj [64, 128] (replicated over tp) and three norms.
     assert _estimate(mimo).gradients == 4 * (PARAMS + LAYER + 2 * 64 * 64 + 3 * 64)
     # Its activations: two input norms, the [2h] projection input, the final norm, one layer.

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from mtprun.spec import check_recipe
+from mtprun.preflight import check_recipe
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtprun.spec import load_recipe
+from mtprun.preflight import load_recipe
 
 RECIPE = """\
 name: t

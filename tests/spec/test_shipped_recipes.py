@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from ruamel.yaml import YAML
 
-from mtprun.spec import check_recipe
+from mtprun.preflight import check_recipe
 from mtprun.spec.schema import recipe_json_schema
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"

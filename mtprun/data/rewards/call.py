@@ -24,8 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mtprun.data.messages import Conversation
-from mtprun.data.tasks.base import Prompt
+from mtprun.data.messages import Conversation, Prompt
 
 REWARD_ARGUMENTS = ("prompt", "completion", "messages", "answer")
 RESERVED_COMPONENTS = ("mean", "std", "errors")  # reward/<name> metrics mtprun logs itself

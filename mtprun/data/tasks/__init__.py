@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mtprun.data.messages import Prompt
 from mtprun.data.tasks.addition import AdditionTask
 from mtprun.data.tasks.arithmetic import ArithmeticTask
-from mtprun.data.tasks.base import Prompt, Task
+from mtprun.data.tasks.base import Task
 from mtprun.data.tasks.calculator import CalculatorToolTask
 
 if TYPE_CHECKING:

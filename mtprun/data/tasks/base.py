@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 from mtprun.data.environment import (
     SingleTurn,
@@ -15,25 +12,9 @@ from mtprun.data.environment import (
     reset_all,
     step_all,
 )
-from mtprun.data.messages import Conversation, Message
+from mtprun.data.messages import Conversation, Message, Prompt
 
 EVAL_PROMPTS = 32  # prompts an evaluation draws from a synthetic task
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """A prompt, its reference answer (None when the dataset has none) and its record: every
-    column of the dataset row it came from, handed to the reward."""
-
-    messages: Conversation
-    answer: str | None
-    record: Mapping[str, Any] | None = field(default=None, compare=False)
-
-    def columns(self) -> dict[str, Any]:
-        """The record the reward receives (a synthetic prompt's: messages and answer)."""
-        if self.record is not None:
-            return dict(self.record)
-        return {"messages": [m.to_dict() for m in self.messages], "answer": self.answer}
 
 
 class Task(ABC):

@@ -18,8 +18,8 @@ import re
 from collections.abc import Callable
 
 from mtprun.data.environment import Environment, EnvStep
-from mtprun.data.messages import Conversation, Message, ToolCall
-from mtprun.data.tasks.base import DrawnTask, Prompt
+from mtprun.data.messages import Conversation, Message, Prompt, ToolCall
+from mtprun.data.tasks.base import DrawnTask
 
 TOOL_NAME = "calculator"
 _OPERATORS: dict[type[ast.operator], tuple[str, Callable[[int, int], int]]] = {

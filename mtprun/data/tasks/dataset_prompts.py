@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mtprun.data.messages import Prompt
 from mtprun.data.prompts import PromptDataset
-from mtprun.data.tasks.base import Prompt, Task, step_seed
+from mtprun.data.tasks.base import Task, step_seed
 
 if TYPE_CHECKING:
     from mtprun.spec.data import DatasetSpec

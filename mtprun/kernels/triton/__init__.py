@@ -4,6 +4,6 @@
 code runs on CPU tensors (how CI tests it).
 """
 
-from mtprun.kernels.triton.head_loss import head_loss_triton
+from mtprun.kernels.triton.head_loss import triton_head_loss
 
-__all__ = ["head_loss_triton"]
+__all__ = ["triton_head_loss"]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mtprun.kernels.combine import needs_sequence_ratio
 from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.groups import KernelGroup
 from mtprun.kernels.triton.launch import run_rows
@@ -169,7 +170,7 @@ def run_chunks(
         return _Chunk(start, stop, spans, [b[:n] for b, n in zip(buffers, sizes, strict=True)])
 
     num_chunks = len(bounds) - 1
-    sequence_ratio = policy.flags.seq_ratio
+    sequence_ratio = needs_sequence_ratio(policy.group)
     if sequence_ratio:
         for i in range(num_chunks):
             c = chunk(i)
@@ -202,7 +203,7 @@ def _run_draft(
 ) -> None:
     if stop == start:
         return
-    topk = draft.flags.topk
+    topk = draft.topk
     if topk:
         # The teacher's top-k over the whole vocabulary, renormalised; dz = w (s - q_topk).
         top_values, top_ids = teacher_logits.topk(topk, dim=1)
@@ -220,10 +221,11 @@ def _run_draft(
         tp_group=tp_group,
     )
     if topk:
+        (call,) = draft.calls  # the top-k target's row: w p in the kernel, -w q_topk here
         values = draft.values[start:stop]
         lse = values[:, k.VALUE_COLUMNS.index("lse")]
-        values[:, k.VALUE_COLUMNS.index("soft_ce")] = lse - (q * student_at_top).sum(-1)
-        w = draft.weights[start:stop, k.WEIGHT_COLUMNS.index("plain"), None]
+        values[:, k.VALUE_COLUMNS.index(call.row.per_token)] = lse - (q * student_at_top).sum(-1)
+        w = draft.weights[start:stop, k.WEIGHT_COLUMNS.index(call.row.name), None]
         logits.scatter_add_(1, top_ids, (-w * q).to(logits.dtype))
 
 

@@ -1,9 +1,10 @@
-"""Device-side per-row data of one row group: kernel flags, weights and input slices.
+"""Device-side per-row data of one row group: kernel row functions, weights and input slices.
 
 A `RowGroup` (mtprun.kernels.inputs) says which rows and terms; `KernelGroup` adds what the
-Triton kernel reads: the compile-time term flags, the student rows, the [R, 6] weight matrix
-(each term's weight times its aggregation weight), the per-token RL inputs gathered to the
-rows, and the buffers the kernel writes (statistics and values).
+Triton kernel reads: the terms' row functions with their options (`KernelTerms`), the student
+rows, the [R, rows.NUM_WEIGHTS] weight matrix (each term's weight times its aggregation
+weight), the per-token RL inputs gathered to the rows, and the buffers the kernel writes
+(statistics and values).
 """
 
 from __future__ import annotations
@@ -12,46 +13,34 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+import triton.language as tl
 
+from mtprun import losses
 from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
 from mtprun.kernels.triton import rows as k
-from mtprun.losses import grpo, sampler
-from mtprun.spec.losses import LossAgg, LossTerm
-
-_KL_ESTIMATORS = {"k1": 1, "k2": 2, "k3": 3}
+from mtprun.losses import LossAgg, grpo, sampler
+from mtprun.losses.kind import TritonCall
+from mtprun.losses.registry import TRITON_ROWS
 
 
 @dataclass(frozen=True)
-class TermFlags:
-    """Compile-time switches of `head_rows_kernel` for one group (see its docstring)."""
+class KernelTerms:
+    """What `head_rows_kernel` runs for one group (see its docstring): per slot of
+    rows.WEIGHT_COLUMNS the row function, its constexpr options and run-time floats."""
 
-    ce: bool = False
-    z_loss: bool = False
-    grpo: bool = False
-    has_old: bool = False
-    kl_estimator: int = 0
-    seq_ratio: bool = False
-    cispo: bool = False
-    dual_clip: bool = False
-    tis_cap: float | None = None
-    entropy_bonus: bool = False
-    teacher: bool = False
-    plain: bool = False
-    topk: int = 0
-    argmax: bool = False
-    clip_low: float = 0.0
-    clip_high: float = 0.0
-    clip_c: float = 0.0
-    kl_coef: float = 0.0
-    inv_temperature: float = 1.0
+    rows: tuple  # the row functions, None where no term of the group runs one
+    options: tuple
+    params: tuple
+    teacher: bool  # a row function reads the teacher's statistics
+    argmax: bool
 
 
 @dataclass
 class KernelGroup:
     """One row group ready for the kernel.
 
-    The kernel flags, per-row inputs (weights, aggregation weights, gathered RL inputs) and
-    output buffers are made on first use, inside the chunk loop: their host time and ~20
+    The kernel's row functions, per-row inputs (weights, aggregation weights, gathered RL
+    inputs) and output buffers are made on first use, inside the chunk loop: their host time and ~20
     small launches then queue behind the first logits GEMM instead of delaying it (at 3%
     active rows the whole step is a few milliseconds and the host prologue showed as GPU
     idle time).
@@ -70,13 +59,20 @@ class KernelGroup:
         return self.targets.shape[0]
 
     @cached_property
-    def flags(self) -> TermFlags:
-        return term_flags(
-            self.group,
-            has_old=self.inputs.old_logprobs is not None,
-            has_ref=self.inputs.ref_logprobs is not None,
-            argmax=self.argmax,
-        )
+    def calls(self) -> tuple[TritonCall, ...]:
+        """What the kernel runs for each term of the group, in term order."""
+        has_old = self.inputs.old_logprobs is not None
+        has_ref = self.inputs.ref_logprobs is not None
+        return tuple(losses.triton(t, has_old=has_old, has_ref=has_ref) for t in self.group.terms)
+
+    @cached_property
+    def kernel_terms(self) -> KernelTerms:
+        return kernel_terms(self.calls, argmax=self.argmax)
+
+    @property
+    def topk(self) -> int:
+        """k of an MTP top-k target (its sparse teacher is applied around the kernel), or 0."""
+        return max((getattr(t, "topk", None) or 0 for t in self.group.terms), default=0)
 
     def aggregation(self, loss_agg: LossAgg) -> torch.Tensor:
         """[R] weights of `loss_agg` over the group's rows (inputs.aggregation_weights), made
@@ -104,12 +100,22 @@ class KernelGroup:
 
     @cached_property
     def weights(self) -> torch.Tensor:
-        """[R, 6] float32: each term's weight times its aggregation weight, by column."""
+        """[R, rows.NUM_WEIGHTS] float32: each term's weight times its aggregation weight, in
+        the column of its row function."""
         weights = self.targets.new_zeros(self.num_rows, k.NUM_WEIGHTS, dtype=torch.float32)
-        for term in self.group.terms:
-            column = k.WEIGHT_COLUMNS.index(weight_column(term))
+        for term, call in zip(self.group.terms, self.calls, strict=True):
+            column = k.WEIGHT_COLUMNS.index(call.row.name)
             weights[:, column].add_(self.agg[term.kind], alpha=term.weight * self.group.head_scale)
         return weights
+
+    @cached_property
+    def per_token(self) -> torch.Tensor:
+        """[R, rows.NUM_WEIGHTS] float32 per-token values by weight column (each row
+        function's terms' value before their weight: -logp for CE, -entropy for the bonus,
+        ...); call after the kernel has written `values`."""
+        columns = [self.column(row.per_token) for row in TRITON_ROWS]
+        signed = [-c if row.negate else c for c, row in zip(columns, TRITON_ROWS, strict=True)]
+        return torch.stack(signed, dim=1)
 
     @cached_property
     def advantages(self) -> torch.Tensor | None:
@@ -130,10 +136,22 @@ class KernelGroup:
     @cached_property
     def is_weights(self) -> torch.Tensor | None:
         """[R] truncated IS weights of the grpo term (losses.sampler), or None."""
-        cap = self.flags.tis_cap
+        cap = next((t.tis_cap for t in self.group.terms if t.kind == "grpo"), None)
         if cap is None:
             return None
         return sampler.tis_weight(self.old_logprobs, self.sampler_logprobs, cap).contiguous()
+
+    def token_inputs(self, start: int, stop: int, absent: torch.Tensor) -> tuple:
+        """The per-token inputs of rows [start, stop) in the order the row functions read
+        them (mtprun.losses.kind.TritonRow); `absent` stands in for a missing one."""
+        inputs = (
+            self.advantages,
+            self.old_logprobs,
+            self.ref_logprobs,
+            self.seq_log_ratio,
+            self.is_weights,
+        )
+        return tuple(absent if value is None else value[start:stop] for value in inputs)
 
     def set_sequence_ratio(self) -> None:
         """GSPO's per-sequence log-ratio from the statistics of every row (after the
@@ -158,15 +176,6 @@ class KernelGroup:
         """[R, 9] float32, written by the kernel."""
         return self.targets.new_zeros(self.num_rows, k.NUM_VALUES, dtype=torch.float32)
 
-    @cached_property
-    def per_token(self) -> torch.Tensor:
-        """[R, 6] float32 per-token values in the order of rows.WEIGHT_COLUMNS (each term's
-        value before its weight: -logp for CE, -entropy for the bonus, ...); call after the
-        kernel has written `values`."""
-        soft = self.column("soft_ce")
-        terms = (-self.column("logp"), self.column("z_loss"), self.column("grpo"))
-        return torch.stack((*terms, -self.column("entropy"), soft, soft), dim=1)
-
     def _gathered(self, per_token: torch.Tensor | None) -> torch.Tensor | None:
         return None if per_token is None else per_token[self.group.rows].float().contiguous()
 
@@ -189,48 +198,20 @@ def build(
     )
 
 
-def weight_column(term: LossTerm) -> str:
-    """The column of rows.WEIGHT_COLUMNS (and of the per-token values) a term adds to."""
-    if term.kind == "mtp":
-        return {"soft": "soft_ce", "topk": "plain", "hard": "ce"}[term.target]
-    return {"distill": "soft_ce"}.get(term.kind, term.kind)
-
-
-def term_flags(group: RowGroup, *, has_old: bool, has_ref: bool, argmax: bool) -> TermFlags:
-    """The kernel switches of a group's terms."""
-    flags: dict[str, object] = {
-        "argmax": argmax,
-        "inv_temperature": 1.0 / group.teacher_temperature,
-    }
-    for term in group.terms:
-        if term.kind in ("ce", "z_loss"):
-            flags[term.kind] = True
-        elif term.kind == "entropy":
-            flags["entropy_bonus"] = term.coef > 0
-        elif term.kind == "grpo":
-            flags.update(
-                grpo=True,
-                has_old=has_old,
-                kl_estimator=_KL_ESTIMATORS[term.kl_estimator] if has_ref else 0,
-                seq_ratio=term.ratio == "sequence",
-                cispo=term.policy_loss == "cispo",
-                dual_clip=term.clip_c is not None,
-                tis_cap=term.tis_cap,
-                clip_low=term.clip_low,
-                clip_high=term.clip_high,
-                clip_c=term.clip_c or 0.0,
-                kl_coef=term.kl_coef,
-            )
-        elif term.kind == "distill":
-            flags["teacher"] = True
-        elif term.kind == "mtp":
-            flags.update(
-                {
-                    "soft": {"teacher": True},
-                    "topk": {"plain": True, "topk": term.topk or 0},
-                    "hard": {"ce": True},
-                }[term.target]
-            )
-        else:
-            raise ValueError(f"the Triton head loss has no kernel for term kind {term.kind!r}")
-    return TermFlags(**flags)
+def kernel_terms(calls: tuple[TritonCall, ...], *, argmax: bool) -> KernelTerms:
+    """The kernel's row slots for a group's terms (`calls`): each slot of TRITON_ROWS holds
+    the function of the term that runs it (with its options and params), else None."""
+    slots: list[TritonCall | None] = [None] * len(TRITON_ROWS)
+    for call in calls:
+        slot = TRITON_ROWS.index(call.row)
+        if slots[slot] is None:  # two terms of one row add up in its weight column
+            slots[slot] = call
+    return KernelTerms(
+        rows=tuple(None if c is None else c.row.function for c in slots),
+        # Each option a tl.constexpr: Triton 3.6 passes a tuple of plain Python values on to
+        # a device function's constexpr parameter without wrapping them (and fails).
+        options=tuple(() if c is None else tuple(map(tl.constexpr, c.options)) for c in slots),
+        params=tuple(() if c is None else c.params for c in slots),
+        teacher=any(c.row.teacher for c in calls),
+        argmax=argmax,
+    )

@@ -1,15 +1,13 @@
-"""`head_loss_triton`: the fused head loss on CUDA tensors (same contract as `head_loss`)."""
+"""`triton_head_loss`: the fused head loss on CUDA tensors (same contract as `head_loss`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
-import torch.distributed as dist
 
+from mtprun import losses
 from mtprun.compiler import HeadPlan
 from mtprun.kernels.combine import sampler_metrics
-from mtprun.kernels.inputs import HeadInputs, row_groups, validate
+from mtprun.kernels.inputs import HeadInputs, row_groups
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.kernels.triton import groups as kg
 from mtprun.kernels.triton import rows as k
@@ -19,51 +17,16 @@ from mtprun.kernels.triton.scale import scale_
 from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 
 
-def head_loss_triton(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    plan: HeadPlan,
-    *,
-    targets: torch.Tensor,
-    loss_mask: torch.Tensor,
-    advantages: torch.Tensor | None = None,
-    old_logprobs: torch.Tensor | None = None,
-    ref_logprobs: torch.Tensor | None = None,
-    mtp_hidden: Sequence[torch.Tensor] | None = None,
-    cu_seqlens: torch.Tensor | None = None,
-    tp_group: dist.ProcessGroup | None = None,
-    teacher_hidden: torch.Tensor | None = None,
-    teacher_weight: torch.Tensor | None = None,
-    sampler_logprobs: torch.Tensor | None = None,
-    tokens_per_sequence: float | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+def triton_head_loss(
+    inputs: HeadInputs, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> HeadLossOutput:
-    """Every term of `plan` in one pass over the vocabulary, with Triton per-row kernels.
+    """Every term of `inputs.plan` in one pass over the vocabulary, with Triton per-row
+    kernels (contract, shard bounds and collectives: `mtprun.kernels.head_loss`).
 
-    Arguments as `mtprun.kernels.head_loss`. `chunk_bytes` bounds the logits buffers (the
-    extra memory beyond the inputs and gradients). Gradients are computed in the forward
-    pass when any input requires them.
+    `chunk_bytes` bounds the logits buffers (the extra memory beyond the inputs and
+    gradients). Gradients are computed in the forward pass when any input requires them.
     """
-    tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
-    tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
-    inputs = validate(
-        plan,
-        hidden,
-        weight,
-        targets=targets,
-        loss_mask=loss_mask,
-        advantages=advantages,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        mtp_hidden=mtp_hidden,
-        cu_seqlens=cu_seqlens,
-        teacher_hidden=teacher_hidden,
-        teacher_weight=teacher_weight,
-        sampler_logprobs=sampler_logprobs,
-        tokens_per_sequence=tokens_per_sequence,
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-    )
+    plan, hidden, weight, tp_group = inputs.plan, inputs.hidden, inputs.weight, inputs.tp_group
     mtp = plan.term("mtp")
     if tp_group is not None and mtp is not None and mtp.target == "topk":
         raise NotImplementedError(
@@ -163,28 +126,26 @@ def _metrics(
         return torch.dot(policy.column(name), mean_weights)
 
     metrics = {}
-    for term in plan.terms:
-        if term.kind == "mtp":
-            continue
-        column = kg.weight_column(term)
-        value = policy.per_token[:, k.WEIGHT_COLUMNS.index(column)]
+    for term, call in zip(policy.group.terms, policy.calls, strict=True):
+        value = policy.per_token[:, k.WEIGHT_COLUMNS.index(call.row.name)]
         metrics[term.kind] = torch.dot(policy.agg[term.kind], value)
-        if term.kind == "grpo":
-            metrics["grpo/clip_frac"] = token_mean("clipped")
-            metrics["grpo/kl"] = token_mean("kl")
-            metrics["grpo/ratio_mean"] = token_mean("ratio")
+        # The term's other metrics that its row function writes as values are token means.
+        for name in losses.metric_names(term):
+            if name != term.kind and name in call.row.values:
+                metrics[name] = token_mean(name)
     metrics["entropy"] = token_mean("entropy")
     if policy.sampler_logprobs is not None:
         old, sampled = policy.old_logprobs, policy.sampler_logprobs
         metrics.update(sampler_metrics(policy.group, old, sampled, mean_weights))
     mtp = plan.term("mtp")
     if mtp is not None:
-        column = k.WEIGHT_COLUMNS.index(kg.weight_column(mtp))
         head_values = []
         policy_argmax = policy.stats[:, k.STATS_COLUMNS.index("argmax")]
         for draft, positions in zip(drafts, teacher_positions, strict=True):
             head = draft.group.head
-            head_values.append(torch.dot(draft.agg["mtp"], draft.per_token[:, column]))
+            (call,) = draft.calls
+            value = draft.per_token[:, k.WEIGHT_COLUMNS.index(call.row.name)]
+            head_values.append(torch.dot(draft.agg["mtp"], value))
             metrics[f"mtp/{head}/loss"] = head_values[-1]
             draft_argmax = draft.stats[:, k.STATS_COLUMNS.index("argmax")]
             teacher_argmax = policy_argmax[positions]

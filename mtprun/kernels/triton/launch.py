@@ -39,7 +39,7 @@ def run_rows(
     n_rows = stop - start
     if n_rows == 0:
         return
-    flags = group.flags
+    terms = group.kernel_terms
     vocab_local = logits.shape[1]
     stats = group.stats[start:stop]
     # Pointers of disabled inputs are never read, but the compiler types what they would
@@ -52,43 +52,23 @@ def run_rows(
         teacher_arg,
         teacher_arg.stride(0),
         teacher_rows if teacher_rows is not None else dummy,
-        flags.inv_temperature,
+        1.0 / group.group.teacher_temperature,
         vocab_local,
         vocab_offset,
         group.targets[start:stop],
         stats,
         group.values[start:stop],
         group.weights[start:stop],
-        *(
-            float_dummy if value is None else value[start:stop]
-            for value in (
-                group.advantages,
-                group.old_logprobs,
-                group.ref_logprobs,
-                group.seq_log_ratio,
-                group.is_weights,
-            )
-        ),
-        flags.clip_low,
-        flags.clip_high,
-        flags.clip_c,
-        flags.kl_coef,
+        group.token_inputs(start, stop, float_dummy),
+        terms.params,
     )
     block = min(MAX_BLOCK_V, triton.next_power_of_2(vocab_local))
     constexprs = dict(
-        HAS_CE=flags.ce,
-        HAS_Z=flags.z_loss,
-        HAS_GRPO=flags.grpo,
-        HAS_OLD=flags.has_old,
-        KL_ESTIMATOR=flags.kl_estimator,
-        SEQ_RATIO=flags.seq_ratio,
-        CISPO=flags.cispo,
-        DUAL_CLIP=flags.dual_clip,
-        HAS_IS_WEIGHT=flags.tis_cap is not None,
-        HAS_ENTROPY_BONUS=flags.entropy_bonus,
-        HAS_TEACHER=flags.teacher,
-        HAS_PLAIN=flags.plain,
-        ARGMAX=flags.argmax,
+        ROWS=terms.rows,
+        OPTIONS=terms.options,
+        ROW_VALUES=k.ROW_VALUE_COLUMNS,
+        TEACHER=terms.teacher,
+        ARGMAX=terms.argmax,
         BLOCK_V=block,
         num_warps=NUM_WARPS if block >= 2048 else 4,
     )

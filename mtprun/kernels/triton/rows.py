@@ -7,8 +7,10 @@ It runs in one of three modes:
 
 Pass 2 overwrites the logits with the logit gradient dz = a p + b e_y + c p z + d q (q the
 teacher's distribution), so the chunk buffer feeds the gradient GEMMs directly and no second
-[rows x vocab] tensor exists. The term math lives in `coefficients.py`; this file holds the
-vocab loops. Policy rows and MTP draft rows run the same kernel with different term flags.
+[rows x vocab] tensor exists. The term math lives in the loss-kind units (each one's Triton
+row function, mtprun.losses.kind.TritonRow), passed in as constexpr arguments and inlined;
+this file holds the vocab loops and the column layout derived from the units. Policy rows and
+MTP draft rows run the same kernel with different row functions.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mtprun.kernels.triton import coefficients as coef
+from mtprun.losses.registry import TRITON_ROWS
 
 FUSED = tl.constexpr(0)
 STATS = tl.constexpr(1)
@@ -36,21 +38,15 @@ STATS_COLUMNS = (
     "teacher_sumexp",
     "cross",
 )
-# Per-row values (float32 columns) for the loss and the metrics; a column stays 0 when its
-# term is off. "soft_ce" is -sum q log p for the teacher q (distillation or an MTP head).
-VALUE_COLUMNS = (
-    "logp",
-    "entropy",
-    "lse",
-    "z_loss",
-    "grpo",
-    "clipped",
-    "kl",
-    "ratio",
-    "soft_ce",
-)
-# Per-row weight columns: each term's weight times its aggregation weight.
-WEIGHT_COLUMNS = ("ce", "z_loss", "grpo", "entropy", "soft_ce", "plain")
+# Per-row values (float32 columns) for the loss and the metrics: the kernel's own, then each
+# row function's (mtprun.losses.kind.TritonRow.values), in unit order; a column stays 0 when
+# its term is off.
+VALUE_COLUMNS = ("logp", "entropy", "lse", *(name for r in TRITON_ROWS for name in r.values))
+# Per-row weight columns: each term's weight times its aggregation weight, one column per row
+# function (column k is the weight of row function k).
+WEIGHT_COLUMNS = tuple(r.name for r in TRITON_ROWS)
+# Where each row function's values go, as the kernel reads them (a constexpr argument).
+ROW_VALUE_COLUMNS = tuple(tuple(VALUE_COLUMNS.index(v) for v in r.values) for r in TRITON_ROWS)
 NUM_STATS = len(STATS_COLUMNS)
 NUM_VALUES = len(VALUE_COLUMNS)
 NUM_WEIGHTS = len(WEIGHT_COLUMNS)
@@ -58,6 +54,28 @@ NUM_WEIGHTS = len(WEIGHT_COLUMNS)
 _STATS_STRIDE = tl.constexpr(NUM_STATS)
 _VALUES_STRIDE = tl.constexpr(NUM_VALUES)
 _WEIGHTS_STRIDE = tl.constexpr(NUM_WEIGHTS)
+
+
+def _stat(name: str) -> tl.constexpr:
+    return tl.constexpr(STATS_COLUMNS.index(name))
+
+
+def _value(name: str) -> tl.constexpr:
+    return tl.constexpr(VALUE_COLUMNS.index(name))
+
+
+_MAX = _stat("max")
+_SUMEXP = _stat("sumexp")
+_SUM_EZ = _stat("sum_ez")
+_TARGET_LOGIT = _stat("target_logit")
+_ARGMAX_VALUE = _stat("argmax_value")
+_ARGMAX = _stat("argmax")
+_TEACHER_MAX = _stat("teacher_max")
+_TEACHER_SUMEXP = _stat("teacher_sumexp")
+_CROSS = _stat("cross")
+_LOGP = _value("logp")
+_ENTROPY = _value("entropy")
+_LSE = _value("lse")
 
 
 @triton.jit
@@ -100,40 +118,26 @@ def head_rows_kernel(
     stats_ptr,
     values_ptr,
     weights_ptr,
-    advantages_ptr,
-    old_logprobs_ptr,
-    ref_logprobs_ptr,
-    seq_log_ratio_ptr,
-    is_weights_ptr,
-    clip_low,
-    clip_high,
-    clip_c,
-    kl_coef,
+    token_inputs,
+    row_params,
     MODE: tl.constexpr,
-    HAS_CE: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    HAS_GRPO: tl.constexpr,
-    HAS_OLD: tl.constexpr,
-    KL_ESTIMATOR: tl.constexpr,
-    SEQ_RATIO: tl.constexpr,
-    CISPO: tl.constexpr,
-    DUAL_CLIP: tl.constexpr,
-    HAS_IS_WEIGHT: tl.constexpr,
-    HAS_ENTROPY_BONUS: tl.constexpr,
-    HAS_TEACHER: tl.constexpr,
-    HAS_PLAIN: tl.constexpr,
+    ROWS: tl.constexpr,
+    OPTIONS: tl.constexpr,
+    ROW_VALUES: tl.constexpr,
+    TEACHER: tl.constexpr,
     ARGMAX: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     """One row: statistics, then every term's value and coefficients, then dz in place.
 
-    KL_ESTIMATOR: 0 = no reference log-probs, 1/2/3 = k1/k2/k3. SEQ_RATIO: the grpo ratio is
-    exp(seq_log_ratio[row]) (GSPO; computed from every row's statistics, so GRAD mode only).
-    CISPO / DUAL_CLIP: the grpo policy loss. HAS_IS_WEIGHT: the policy gradient is multiplied
-    by is_weights[row] (truncated importance sampling). HAS_TEACHER: a soft-CE to
-    the softmax of teacher_ptr[teacher_rows[row]] * inv_temperature (distillation, MTP soft).
-    HAS_PLAIN: adds w p to dz and nothing to the values (the MTP top-k target, whose sparse
-    -w q the caller subtracts). ARGMAX: track the row's argmax (MTP top-1 agreement).
+    ROWS: one slot per row function of rows.WEIGHT_COLUMNS, the function (a
+    mtprun.losses.kind.TritonRow's) where a term of the group runs it, else None;
+    OPTIONS[k] / row_params[k]: its constexpr options and run-time floats (not `params`:
+    Triton 3.6's argument binder has a local of that name); ROW_VALUES[k]: the
+    value columns it writes (ROW_VALUE_COLUMNS). token_inputs: the per-token input pointers
+    the row functions read (TritonRow's docstring). TEACHER: a soft-CE to the softmax of
+    teacher_ptr[teacher_rows[row]] * inv_temperature (distillation, MTP soft). ARGMAX: track
+    the row's argmax (MTP top-1 agreement).
     """
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
@@ -142,18 +146,18 @@ def head_rows_kernel(
     target_local = tl.load(targets_ptr + row) - vocab_offset
     owns_target = (target_local >= 0) & (target_local < vocab_local)
     teacher_row_ptr = teacher_ptr
-    if HAS_TEACHER:
+    if TEACHER:
         teacher_row = tl.load(teacher_rows_ptr + row).to(tl.int64)
         teacher_row_ptr = teacher_ptr + teacher_row * stride_teacher
 
     if MODE == GRAD:
-        m = tl.load(stats + 0)
-        s = tl.load(stats + 1)
-        sum_ez = tl.load(stats + 2)
-        target_logit = tl.load(stats + 3)
-        t_m = tl.load(stats + 6)
-        t_s = tl.load(stats + 7)
-        cross = tl.load(stats + 8)
+        m = tl.load(stats + _MAX)
+        s = tl.load(stats + _SUMEXP)
+        sum_ez = tl.load(stats + _SUM_EZ)
+        target_logit = tl.load(stats + _TARGET_LOGIT)
+        t_m = tl.load(stats + _TEACHER_MAX)
+        t_s = tl.load(stats + _TEACHER_SUMEXP)
+        cross = tl.load(stats + _CROSS)
     else:
         m = -float("inf")
         s = 0.0
@@ -170,22 +174,22 @@ def head_rows_kernel(
             m, s, sum_ez, best_val, best_idx = _online_tile(
                 z, valid, start, m, s, sum_ez, best_val, best_idx, ARGMAX
             )
-            if HAS_TEACHER:
+            if TEACHER:
                 zt = tl.load(teacher_row_ptr + cols, mask=valid, other=-float("inf"))
                 zt = zt.to(tl.float32) * inv_temperature
                 t_m, t_s, cross = _teacher_tile(zt, z, valid, t_m, t_s, cross)
         target_logit = tl.load(row_ptr + target_local, mask=owns_target, other=0.0)
         target_logit = target_logit.to(tl.float32)
-        tl.store(stats + 5, (best_idx + vocab_offset).to(tl.float32))
+        tl.store(stats + _ARGMAX, (best_idx + vocab_offset).to(tl.float32))
         if MODE == STATS:
-            tl.store(stats + 0, m)
-            tl.store(stats + 1, s)
-            tl.store(stats + 2, sum_ez)
-            tl.store(stats + 3, target_logit)
-            tl.store(stats + 4, best_val)
-            tl.store(stats + 6, t_m)
-            tl.store(stats + 7, t_s)
-            tl.store(stats + 8, cross)
+            tl.store(stats + _MAX, m)
+            tl.store(stats + _SUMEXP, s)
+            tl.store(stats + _SUM_EZ, sum_ez)
+            tl.store(stats + _TARGET_LOGIT, target_logit)
+            tl.store(stats + _ARGMAX_VALUE, best_val)
+            tl.store(stats + _TEACHER_MAX, t_m)
+            tl.store(stats + _TEACHER_SUMEXP, t_s)
+            tl.store(stats + _CROSS, cross)
             return
 
     lse = m + tl.log(s)
@@ -193,60 +197,35 @@ def head_rows_kernel(
     entropy = lse - sum_ez / s
     values = values_ptr + row * _VALUES_STRIDE
     weights = weights_ptr + row * _WEIGHTS_STRIDE
-    tl.store(values + 0, logp)
-    tl.store(values + 1, entropy)
-    tl.store(values + 2, lse)
+    tl.store(values + _LOGP, logp)
+    tl.store(values + _ENTROPY, entropy)
+    tl.store(values + _LSE, lse)
     a = 0.0
     b = 0.0
     c = 0.0
     d = 0.0
-    if HAS_CE:
-        a, b = coef.cross_entropy(tl.load(weights + 0), a, b)
-    if HAS_Z:
-        a = coef.z_loss(tl.load(weights + 1), lse, a)
-        tl.store(values + 3, lse * lse)
-    if HAS_GRPO:
-        advantage = tl.load(advantages_ptr + row)
-        old = logp
-        if HAS_OLD:
-            old = tl.load(old_logprobs_ptr + row)
-        ref = logp
-        if KL_ESTIMATOR > 0:
-            ref = tl.load(ref_logprobs_ptr + row)
-        log_ratio = logp - old
-        if SEQ_RATIO:
-            log_ratio = tl.load(seq_log_ratio_ptr + row)
-        is_weight = 1.0
-        if HAS_IS_WEIGHT:
-            is_weight = tl.load(is_weights_ptr + row)
-        value, grad, clipped, kl, ratio = coef.grpo(
-            logp,
-            log_ratio,
-            advantage,
-            ref,
-            is_weight,
-            clip_low,
-            clip_high,
-            clip_c,
-            kl_coef,
-            KL_ESTIMATOR,
-            CISPO,
-            DUAL_CLIP,
-        )
-        a, b = coef.of_logprob(tl.load(weights + 2), grad, a, b)
-        tl.store(values + 4, value)
-        tl.store(values + 5, clipped)
-        tl.store(values + 6, kl)
-        tl.store(values + 7, ratio)
-    if HAS_ENTROPY_BONUS:
-        a, c = coef.entropy_bonus(tl.load(weights + 3), lse, entropy, a, c)
+    row_stats = (lse, logp, entropy, cross, t_s)
+    # Unrolled at compile time: each term's row function, inlined, with its weight (column k
+    # of WEIGHT_COLUMNS is row function k's) and its value columns.
+    for k in tl.static_range(len(ROWS)):
+        if ROWS[k] is not None:
+            a, b, c, d, row_values = ROWS[k](
+                tl.load(weights + k),
+                row,
+                row_stats,
+                token_inputs,
+                row_params[k],
+                a,
+                b,
+                c,
+                d,
+                OPTIONS[k],
+            )
+            for j in tl.static_range(len(ROW_VALUES[k])):
+                tl.store(values + ROW_VALUES[k][j], row_values[j])
     teacher_lse = t_m
-    if HAS_TEACHER:
+    if TEACHER:
         teacher_lse += tl.log(t_s)
-        a, d = coef.soft_cross_entropy(tl.load(weights + 4), a, d)
-        tl.store(values + 8, lse - cross / t_s)
-    if HAS_PLAIN:
-        a += tl.load(weights + 5)
 
     for start in range(0, vocab_local, BLOCK_V):
         cols = start + offs
@@ -254,7 +233,7 @@ def head_rows_kernel(
         z = tl.load(row_ptr + cols, mask=valid, other=0.0).to(tl.float32)
         p = tl.exp(z - lse)
         dz = (a + c * z) * p + tl.where(cols == target_local, b, 0.0)
-        if HAS_TEACHER:
+        if TEACHER:
             zt = tl.load(teacher_row_ptr + cols, mask=valid, other=0.0).to(tl.float32)
             dz += d * tl.exp(zt * inv_temperature - teacher_lse)
         tl.store(row_ptr + cols, dz.to(logits_ptr.dtype.element_ty), mask=valid)

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from mtprun.data.messages import Conversation
+from mtprun.data.messages import Conversation, Prompt
 from mtprun.data.rewards import RewardInput, RewardValueError, call_reward, load_reward
-from mtprun.data.tasks.base import Prompt
 
 log = logging.getLogger("mtprun")
 _CONTEXT = multiprocessing.get_context("spawn")  # the driver holds threads and Ray: no fork

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from mtprun.compiler import HeadPlan, compile_recipe
+from mtprun.losses.ce import CETerm
 from mtprun.spec import Recipe
-from mtprun.spec.losses import CETerm
 
 
 @dataclass(frozen=True)

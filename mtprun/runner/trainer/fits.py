@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from mtprun.compiler import HeadPlan
-from mtprun.compiler.memory import GIB, over_budget_message, recipe_trainer_memory
+from mtprun.preflight.memory import GIB, over_budget_message, recipe_trainer_memory
 from mtprun.spec import Recipe
 
 
@@ -15,7 +15,7 @@ class TrainerDoesNotFit(ValueError):
 
 
 def refuse_what_cannot_fit(recipe: Recipe, plan: HeadPlan, device: torch.device) -> None:
-    """TrainerDoesNotFit when even the estimate (`mtprun.compiler.memory`, a floor: it leaves
+    """TrainerDoesNotFit when even the estimate (`mtprun.preflight.memory`, a floor: it leaves
     out the CUDA context, workspaces and fragmentation) exceeds `device`'s memory. Nothing to
     check on CPU, or for a model whose shape is not known here."""
     if device.type != "cuda":

@@ -28,8 +28,8 @@ from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
 
 from mtprun.models import hf_to_megatron
-from mtprun.models.dims import ModelDims
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
+from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
 from mtprun.runner.trainer.context_parallel import TokenShard
 
@@ -37,7 +37,7 @@ Recompute = Literal["none", "selective", "full"]
 
 
 def transformer_config(
-    dims: ModelDims,
+    shape: ModelShape,
     pp: int = 1,
     recompute: Recompute = "none",
     dtype: torch.dtype = torch.float32,
@@ -60,18 +60,18 @@ def transformer_config(
     """
     selective = recompute == "selective"
     config = TransformerConfig(
-        num_layers=dims.layers,
-        hidden_size=dims.hidden,
-        num_attention_heads=dims.heads,
-        num_query_groups=dims.kv_heads,
-        kv_channels=dims.head_dim,
-        ffn_hidden_size=dims.intermediate,
-        add_qkv_bias=dims.qkv_bias,
+        num_layers=shape.layers,
+        hidden_size=shape.hidden,
+        num_attention_heads=shape.heads,
+        num_query_groups=shape.kv_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.intermediate,
+        add_qkv_bias=shape.qkv_bias,
         add_bias_linear=False,
         gated_linear_unit=True,
         activation_func=F.silu,
         normalization="RMSNorm",
-        layernorm_epsilon=dims.rms_norm_eps,
+        layernorm_epsilon=shape.rms_norm_eps,
         attention_dropout=0.0,
         hidden_dropout=0.0,
         # bf16 weights train with Megatron's optimizer (float32 master copies there); float32
@@ -141,34 +141,34 @@ class PolicyModel(GPTModel):
 
     def __init__(
         self,
-        dims: ModelDims,
+        shape: ModelShape,
         stage: PipelineStage | None = None,
         recompute: Recompute = "none",
         dtype: torch.dtype = torch.float32,
         fused: bool = False,
     ) -> None:
-        stage = stage or PipelineStage(0, 1, dims.layers)
-        config = transformer_config(dims, stage.size, recompute, dtype, fused)
+        stage = stage or PipelineStage(0, 1, shape.layers)
+        config = transformer_config(shape, stage.size, recompute, dtype, fused)
         super().__init__(
             config=config,
             transformer_layer_spec=decoder_layer_spec(),
-            vocab_size=dims.vocab,
-            max_sequence_length=dims.max_seq_len,
+            vocab_size=shape.vocab,
+            max_sequence_length=shape.max_seq_len,
             pre_process=stage.first,
             post_process=stage.last,
             # Split over stages, a tied model's output layer is a copy (see pp_layout).
-            share_embeddings_and_output_weights=dims.tie_embeddings and stage.size == 1,
+            share_embeddings_and_output_weights=shape.tie_embeddings and stage.size == 1,
             position_embedding_type="rope",
-            rotary_base=int(dims.rope_theta),
+            rotary_base=int(shape.rope_theta),
         )
-        self.dims = dims
+        self.shape = shape
         self.stage = stage
         self.recompute = recompute
-        mtp_layers = dims.mtp_layers if stage.last else 0
+        mtp_layers = shape.mtp_layers if stage.last else 0
         self.mtp_layers = torch.nn.ModuleList(
-            MiMoMTPLayer(config, layer_number=dims.layers + i + 1) for i in range(mtp_layers)
+            MiMoMTPLayer(config, layer_number=shape.layers + i + 1) for i in range(mtp_layers)
         )
-        if holds_mtp_embedding(dims, stage):
+        if holds_mtp_embedding(shape, stage):
             self._add_mtp_embedding()
         check_native_mtp_loss_disabled(self)
 
@@ -183,7 +183,7 @@ class PolicyModel(GPTModel):
             position_embedding_type="rope",
             tp_group=self.pg_collection.tp,
         )
-        if self.dims.tie_embeddings:
+        if self.shape.tie_embeddings:
             self.embedding.word_embeddings.weight = self.output_layer.weight
         else:
             self.embedding.requires_grad_(False)
@@ -338,7 +338,7 @@ def load_megatron_weights(model: PolicyModel, tensors: dict[str, torch.Tensor]) 
 
 def load_policy_model(
     model_dir: Path,
-    dims: ModelDims,
+    shape: ModelShape,
     device: torch.device,
     tp_rank: int,
     tp_size: int,
@@ -350,11 +350,11 @@ def load_policy_model(
     TP rank's shards of pipeline `stage` (None: the whole model), with `recompute` (see
     transformer_config) and the fusions of a CUDA device."""
     fused = torch.device(device).type == "cuda"
-    model = PolicyModel(dims, stage, recompute, dtype, fused).to(device=device, dtype=dtype)
+    model = PolicyModel(shape, stage, recompute, dtype, fused).to(device=device, dtype=dtype)
     weights = hf_to_megatron(
-        read_hf_weights(model_dir), dims, tp_rank, tp_size, source=str(model_dir)
+        read_hf_weights(model_dir), shape, tp_rank, tp_size, source=str(model_dir)
     )
-    load_megatron_weights(model, stage_tensors(weights, dims, model.stage))
+    load_megatron_weights(model, stage_tensors(weights, shape, model.stage))
     return model
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mtprun.models import ModelDims
+from mtprun.models import ModelShape
 from mtprun.runner.trainer.context_parallel import TokenShard
 from mtprun.runner.trainer.model import load_policy_model
 
@@ -26,20 +26,20 @@ class Teacher:
     def __init__(
         self,
         model_dir: Path,
-        student: ModelDims,
+        student: ModelShape,
         device: torch.device,
         tp_rank: int,
         tp_size: int,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        self.dims = ModelDims.from_model_dir(model_dir)
-        if self.dims.vocab != student.vocab:
+        self.shape = ModelShape.from_model_dir(model_dir)
+        if self.shape.vocab != student.vocab:
             raise ValueError(
-                f"losses: the distill teacher {model_dir} has a vocabulary of {self.dims.vocab} "
+                f"losses: the distill teacher {model_dir} has a vocabulary of {self.shape.vocab} "
                 f"tokens and the policy one of {student.vocab}; distillation compares their "
                 "distributions token by token, so the teacher must use the policy's tokenizer"
             )
-        self.model = load_policy_model(model_dir, self.dims, device, tp_rank, tp_size, dtype=dtype)
+        self.model = load_policy_model(model_dir, self.shape, device, tp_rank, tp_size, dtype=dtype)
         self.model.eval()
         self.model.requires_grad_(False)
 
@@ -51,9 +51,9 @@ class Teacher:
         cu_seqlens: torch.Tensor,
         shard: TokenShard | None = None,
     ) -> dict[str, torch.Tensor]:
-        """head_loss's teacher arguments for the policy's inputs (`PolicyModel.hidden_states`'
-        first arguments): teacher_hidden [T_local, Ht] (final hidden states) and
-        teacher_weight [V/tp, Ht] (this rank's shard of the output layer)."""
+        """HeadInputs.build's teacher arguments for the policy's inputs
+        (`PolicyModel.hidden_states`' first arguments): teacher_hidden [T_local, Ht] (final
+        hidden states) and teacher_weight [V/tp, Ht] (this rank's shard of the output layer)."""
         hidden, _ = self.model.hidden_states(input_ids, position_ids, cu_seqlens, shard=shard)
         weight = self.model.output_weight().to(hidden.dtype)
         return {"teacher_hidden": hidden, "teacher_weight": weight}

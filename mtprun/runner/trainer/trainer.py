@@ -26,7 +26,7 @@ from megatron.core import parallel_state
 from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
-from mtprun.models import ModelDims, megatron_to_hf
+from mtprun.models import ModelShape, megatron_to_hf
 from mtprun.models.pp_layout import (
     PipelineStage,
     copies_mtp_embedding,
@@ -80,17 +80,17 @@ class Trainer:
                 f"the HeadPlan was compiled for tp_size={plan.tp_size} but parallel.tp="
                 f"{self.tp_size}; compile it from the same recipe"
             )
-        self.dims = ModelDims.from_model_dir(model_dir)
-        if max(plan.mtp_depths, default=0) > self.dims.mtp_layers:
+        self.shape = ModelShape.from_model_dir(model_dir)
+        if max(plan.mtp_depths, default=0) > self.shape.mtp_layers:
             raise ValueError(
                 f"losses: an mtp term of depth {max(plan.mtp_depths)} needs a model with at "
-                f"least that many MTP layers, and {model_dir} has {self.dims.mtp_layers} "
+                f"least that many MTP layers, and {model_dir} has {self.shape.mtp_layers} "
                 "(set model.tiny.architecture: mimo and model.tiny.mtp_layers)"
             )
         self.stage = PipelineStage(
             parallel_state.get_pipeline_model_parallel_rank(),
             parallel_state.get_pipeline_model_parallel_world_size(),
-            self.dims.layers,
+            self.shape.layers,
         )
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
         mtp = plan.term("mtp")
@@ -102,7 +102,7 @@ class Trainer:
         weights = torch.bfloat16 if mixed else torch.float32
         self.model = load_policy_model(
             Path(model_dir),
-            self.dims,
+            self.shape,
             self.device,
             *tp,
             self.stage,
@@ -111,12 +111,12 @@ class Trainer:
         )
         distill = plan.term("distill")
         self.teacher = (
-            Teacher(Path(distill.teacher), self.dims, self.device, *tp, weights)
+            Teacher(Path(distill.teacher), self.shape, self.device, *tp, weights)
             if distill is not None and self.stage.last
             else None
         )
         names = [n for n, _ in self.model.named_parameters()]
-        copies = frozenset(n for n in names if is_tied_copy(n, self.dims, self.stage))
+        copies = frozenset(n for n in names if is_tied_copy(n, self.shape, self.stage))
         self.mixed = MegatronMixedPrecision(recipe.trainer, self.model, copies) if mixed else None
         self.groups = [] if mixed else build_groups(recipe.trainer, self.model, separate)
         self._norm_scope = NormScope(
@@ -152,7 +152,7 @@ class Trainer:
             ]
         )
         # Sequence means (seq-mean-* aggregations) over the step's sequences: each micro
-        # batch counts its sequences at the step's rate (head_loss tokens_per_sequence).
+        # batch counts its sequences at the step's rate (HeadInputs.build tokens_per_sequence).
         rate = total / max(sequences, 1)
         # Each micro batch's loss is the token mean over this rank's share of its tokens,
         # so it weighs by that share's trained tokens; the context-parallel ranks' shares
@@ -198,7 +198,7 @@ class Trainer:
         and HF export. Every process of the model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
         full = gather_state_dict(local, self.tp_size, self.tp_group)
-        full = global_tensors(full, self.dims, self.stage)
+        full = global_tensors(full, self.shape, self.stage)
         if self.stage.size > 1:
             parts: list[Any] = [None] * self.stage.size
             mine = {name: t.cpu() for name, t in full.items()}
@@ -206,7 +206,7 @@ class Trainer:
                 parts, mine, group=parallel_state.get_pipeline_model_parallel_group()
             )
             full = {name: t for part in parts for name, t in part.items()}
-        return megatron_to_hf(full, self.dims)
+        return megatron_to_hf(full, self.shape)
 
     def _zero_grad(self) -> None:
         if self.mixed is not None:
@@ -282,8 +282,8 @@ class Trainer:
         self, batch: PackedBatch, plan: HeadPlan, tokens_per_sequence: float | None = None
     ) -> torch.Tensor | HeadLossOutput:
         """This stage's layers on this rank's share of the tokens; on the last stage, the
-        fused head loss on their output (tokens_per_sequence: see head_loss)."""
-        from mtprun.kernels import head_loss
+        fused head loss on their output (tokens_per_sequence: see HeadInputs.build)."""
+        from mtprun.kernels import HeadInputs, head_loss
 
         shard = self._shard(batch)
         local = shard.take(batch)
@@ -297,10 +297,10 @@ class Trainer:
             hidden, mtp_hidden = self.model.hidden_states(*inputs, targets=targets, shard=shard)
             if plan.term("distill") is not None:
                 teacher = self.teacher.outputs(*inputs, shard=shard)
-        return head_loss(
+        head_inputs = HeadInputs.build(
+            plan,
             hidden,
             self.model.output_weight().to(hidden.dtype),
-            plan,
             targets=local.targets,
             loss_mask=local.loss_mask,
             advantages=local.advantages,
@@ -313,6 +313,7 @@ class Trainer:
             tp_group=self.tp_group,
             **teacher,
         )
+        return head_loss(head_inputs)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """float32 weights computing in bf16 run under autocast; bf16 weights (mixed) need
@@ -324,7 +325,7 @@ class Trainer:
     def _sum_tied_embedding_grads(self) -> None:
         """A tied model split over stages holds the embedding on the first stage and a copy
         as the output layer on the last: both take the sum of their gradients."""
-        if not splits_tied_embedding(self.dims, self.stage):
+        if not splits_tied_embedding(self.shape, self.stage):
             return
         if not (self.stage.first or self.stage.last):
             return
@@ -344,7 +345,7 @@ class Trainer:
     def _refresh_mtp_embedding(self) -> None:
         """An untied model split over stages keeps a frozen embedding copy beside its MTP
         layers on the last stage: it takes the first stage's stepped embedding."""
-        if not copies_mtp_embedding(self.dims, self.stage):
+        if not copies_mtp_embedding(self.shape, self.stage):
             return
         if not (self.stage.first or self.stage.last):
             return

@@ -66,16 +66,14 @@ The reported rank is the stage with the largest total.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from mtprun.compiler import HeadPlan, compile_recipe
 from mtprun.compiler.estimate import FLOAT32, estimate_head_cost, padded_vocab
-from mtprun.spec.model_shape import folder_shape
+from mtprun.models.shape import ModelShape
+from mtprun.preflight.model_shape import recipe_shape
 from mtprun.spec.parallel import ParallelSection
-
-if TYPE_CHECKING:
-    from mtprun.compiler.plan import HeadPlan
-    from mtprun.spec.recipe import Recipe
+from mtprun.spec.recipe import Recipe
 
 GIB = 2**30
 Recompute = Literal["none", "selective", "full"]
@@ -94,45 +92,34 @@ PART_LABELS = {
 }
 
 
-@dataclass(frozen=True)
-class ModelSize:
-    """The decoder shape the estimate reads (what `mtprun.models.dims.ModelDims` knows)."""
+def layer_params(shape: ModelShape, tp: int) -> int:
+    """Parameters of one decoder layer on one tensor-parallel rank."""
+    h, f = shape.hidden, _split(shape.intermediate, tp)
+    qkv = _q_width(shape, tp) + 2 * _kv_width(shape, tp)
+    bias = qkv if shape.qkv_bias else 0
+    # linear_qkv (+ bias), linear_proj, linear_fc1 (gate and up), linear_fc2, two norms.
+    return h * qkv + bias + _q_width(shape, tp) * h + 2 * f * h + f * h + 2 * h
 
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tie_embeddings: bool = False
-    qkv_bias: bool = True  # Qwen2 and MiMo have q/k/v biases
-    mtp_layers: int = 0
 
-    def layer_params(self, tp: int) -> int:
-        """Parameters of one decoder layer on one tensor-parallel rank."""
-        h, f = self.hidden, _split(self.intermediate, tp)
-        qkv = self.q_width(tp) + 2 * self.kv_width(tp)
-        bias = qkv if self.qkv_bias else 0
-        # linear_qkv (+ bias), linear_proj, linear_fc1 (gate and up), linear_fc2, two norms.
-        return h * qkv + bias + self.q_width(tp) * h + 2 * f * h + f * h + 2 * h
+def parameters(shape: ModelShape) -> int:
+    """Parameters of the whole model, as its HF folder holds them (a tied output layer once,
+    MTP layers included)."""
+    return _stage_params(shape, 1, 1, 0)[0]
 
-    def parameters(self) -> int:
-        """Parameters of the whole model, as its HF folder holds them (a tied output layer
-        once, MTP layers included)."""
-        return _stage_params(self, 1, 1, 0)[0]
 
-    def vocab_rows(self, tp: int) -> int:
-        """Rows of the embedding / output layer on one tensor-parallel rank."""
-        return padded_vocab(self.vocab, tp) // tp
+def _vocab_rows(shape: ModelShape, tp: int) -> int:
+    """Rows of the embedding / output layer on one tensor-parallel rank."""
+    return padded_vocab(shape.vocab, tp) // tp
 
-    def q_width(self, tp: int) -> int:
-        """Query channels on one tensor-parallel rank (whole heads)."""
-        return _split(self.heads, tp) * self.head_dim
 
-    def kv_width(self, tp: int) -> int:
-        """Key (or value) channels on one tensor-parallel rank."""
-        return _split(self.kv_heads, tp) * self.head_dim
+def _q_width(shape: ModelShape, tp: int) -> int:
+    """Query channels on one tensor-parallel rank (whole heads)."""
+    return _split(shape.heads, tp) * shape.head_dim
+
+
+def _kv_width(shape: ModelShape, tp: int) -> int:
+    """Key (or value) channels on one tensor-parallel rank."""
+    return _split(shape.kv_heads, tp) * shape.head_dim
 
 
 @dataclass(frozen=True)
@@ -187,7 +174,7 @@ def local_tokens(micro_batch_tokens: int, cp: int) -> int:
 
 
 def estimate_trainer_memory(
-    size: ModelSize,
+    shape: ModelShape,
     parallel: ParallelSection,
     *,
     dtype: str,
@@ -216,12 +203,12 @@ def estimate_trainer_memory(
     head = 0
     if plan is not None:
         head = estimate_head_cost(
-            plan, rows=tokens, hidden=size.hidden, vocab=size.vocab, param_bytes=act_bytes
+            plan, rows=tokens, hidden=shape.hidden, vocab=shape.vocab, param_bytes=act_bytes
         ).fused_bytes
 
     candidates = []
     for stage in range(pp):
-        trained, frozen = _stage_params(size, tp, pp, stage)
+        trained, frozen = _stage_params(shape, tp, pp, stage)
         in_flight = pp - stage
         last = stage == pp - 1
         candidates.append(
@@ -229,12 +216,12 @@ def estimate_trainer_memory(
                 weights=(trained + frozen) * (2 if bf16_weights else 4),
                 gradients=trained * FLOAT32,
                 optimizer=-(-trained * state_bytes // shards),
-                activations=_activations(size, parallel, act_bytes, recompute, tokens, stage),
+                activations=_activations(shape, parallel, act_bytes, recompute, tokens, stage),
                 head_loss=head if last else 0,
                 recompute=recompute,
                 stage=stage,
                 stages=pp,
-                layers=_split(size.layers, pp),
+                layers=_split(shape.layers, pp),
                 in_flight=in_flight,
                 tokens=tokens,
                 bf16_weights=bf16_weights,
@@ -244,13 +231,13 @@ def estimate_trainer_memory(
     return max(candidates, key=lambda m: m.total)  # the first of equals: stage 0
 
 
-def _stage_params(size: ModelSize, tp: int, pp: int, stage: int) -> tuple[int, int]:
+def _stage_params(shape: ModelShape, tp: int, pp: int, stage: int) -> tuple[int, int]:
     """(trained, frozen) parameters of pipeline stage `stage` on one tensor-parallel rank."""
-    h = size.hidden
-    layers = _split(size.layers, pp)  # pp divides the layers (a rule checks); ceil otherwise
-    trained = layers * size.layer_params(tp)
+    h = shape.hidden
+    layers = _split(shape.layers, pp)  # pp divides the layers (a rule checks); ceil otherwise
+    trained = layers * layer_params(shape, tp)
     frozen = 0
-    embedding = size.vocab_rows(tp) * h
+    embedding = _vocab_rows(shape, tp) * h
     first, last = stage == 0, stage == pp - 1
     if first:
         trained += embedding
@@ -258,35 +245,35 @@ def _stage_params(size: ModelSize, tp: int, pp: int, stage: int) -> tuple[int, i
         trained += h  # final norm
         # Tied and one stage: the output layer is the embedding. Tied over stages: the last
         # stage keeps a trained copy (gradients summed with the first's, see pp_layout).
-        if not size.tie_embeddings or pp > 1:
+        if not shape.tie_embeddings or pp > 1:
             trained += embedding
         # MiMo MTP layer: token/hidden/final norms, input_proj [h, 2h] (replicated over tp),
         # one decoder layer.
-        trained += size.mtp_layers * (size.layer_params(tp) + 2 * h * h + 3 * h)
-        if size.mtp_layers and pp > 1 and not size.tie_embeddings:
+        trained += shape.mtp_layers * (layer_params(shape, tp) + 2 * h * h + 3 * h)
+        if shape.mtp_layers and pp > 1 and not shape.tie_embeddings:
             frozen += embedding  # a frozen embedding copy for the MTP layers' lookups
     return trained, frozen
 
 
-def _per_token_layer(size: ModelSize, parallel: ParallelSection, b: int, mode: Recompute) -> int:
+def _per_token_layer(shape: ModelShape, parallel: ParallelSection, b: int, mode: Recompute) -> int:
     """Bytes one decoder layer keeps for backward per token under recomputation `mode`."""
-    h, tp, cp = size.hidden, parallel.tp, parallel.cp
+    h, tp, cp = shape.hidden, parallel.tp, parallel.cp
     if mode == "full":
         return h * b  # the layer's input (the residual stream is in the compute dtype)
-    q, kv, f = size.q_width(tp), size.kv_width(tp), _split(size.intermediate, tp)
+    q, kv, f = _q_width(shape, tp), _kv_width(shape, tp), _split(shape.intermediate, tp)
     kept = (
         4 * h  # input_layernorm and pre_mlp_layernorm: input and output each
         + q
         + 2 * kv * cp  # q, k, v after RoPE; under cp the attention keeps the gathered k, v
         + 2 * q  # the attention's output and the attention projection's input (a copy)
-    ) * b + FLOAT32 * _split(size.heads, tp)  # log-sum-exp per head and token
+    ) * b + FLOAT32 * _split(shape.heads, tp)  # log-sum-exp per head and token
     if mode == "none":
         kept += 3 * f * b  # fc1 output (gate and up, 2 f) and the SwiGLU product (f)
     return kept
 
 
 def _activations(
-    size: ModelSize,
+    shape: ModelShape,
     parallel: ParallelSection,
     b: int,
     recompute: Recompute,
@@ -294,18 +281,18 @@ def _activations(
     stage: int,
 ) -> int:
     pp = parallel.pp
-    layers = _split(size.layers, pp)
-    per_micro_batch = layers * _per_token_layer(size, parallel, b, recompute)
+    layers = _split(shape.layers, pp)
+    per_micro_batch = layers * _per_token_layer(shape, parallel, b, recompute)
     if stage == pp - 1:
-        h = size.hidden
+        h = shape.hidden
         mtp_mode = "none" if recompute == "full" else recompute
         per_micro_batch += 2 * h * b  # the final norm's input and output (the head's input)
-        per_micro_batch += size.mtp_layers * (
-            8 * h * b + _per_token_layer(size, parallel, b, mtp_mode)
+        per_micro_batch += shape.mtp_layers * (
+            8 * h * b + _per_token_layer(shape, parallel, b, mtp_mode)
         )
     total = tokens * (pp - stage) * per_micro_batch
     if recompute == "full":
-        total += tokens * _per_token_layer(size, parallel, b, "none")  # the layer being rerun
+        total += tokens * _per_token_layer(shape, parallel, b, "none")  # the layer being rerun
     return total
 
 
@@ -313,81 +300,17 @@ def _split(n: int, parts: int) -> int:
     return -(-n // parts)
 
 
-def model_size(recipe: Recipe) -> ModelSize | str:
-    """The recipe's model shape, or why it is unknown here (an HF folder not readable)."""
-    tiny = recipe.model.tiny
-    if tiny is not None:
-        tokenizer = _tokenizer_size(recipe) if tiny.vocab is None else 0
-        if tokenizer is None:
-            return "unknown: the tiny model's vocab is the tokenizer's, and no template is set"
-        return ModelSize(
-            hidden=tiny.hidden,
-            layers=tiny.layers,
-            heads=tiny.heads,
-            kv_heads=tiny.kv_heads,
-            head_dim=tiny.head_dim,
-            intermediate=tiny.intermediate,
-            vocab=tiny.vocab_size(tokenizer),
-            tie_embeddings=tiny.tie_embeddings,
-            mtp_layers=tiny.mtp_layers,
-        )
-    path = recipe.model.path or ""
-    from mtprun.models.dims import ModelDims
-
-    try:
-        dims = ModelDims.from_model_dir(Path(path))
-    except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
-        dims = None  # no config.json here, or one the converter refuses: the spec's shape
-    if dims is not None:
-        return ModelSize(
-            hidden=dims.hidden,
-            layers=dims.layers,
-            heads=dims.heads,
-            kv_heads=dims.kv_heads,
-            head_dim=dims.head_dim,
-            intermediate=dims.intermediate,
-            vocab=dims.vocab,
-            tie_embeddings=dims.tie_embeddings,
-            qkv_bias=dims.qkv_bias,
-            mtp_layers=dims.mtp_layers,
-        )
-    shape = folder_shape(path)
-    if shape is None or shape.vocab is None:
-        return f"unknown: {Path(path) / 'config.json'} not readable here"
-    return ModelSize(
-        hidden=shape.hidden,
-        layers=shape.layers,
-        heads=shape.heads,
-        kv_heads=shape.kv_heads,
-        head_dim=shape.hidden // max(shape.heads, 1),
-        intermediate=shape.intermediate,
-        vocab=shape.vocab,
-        mtp_layers=shape.mtp_layers,
-    )
-
-
-def _tokenizer_size(recipe: Recipe) -> int | None:
-    section = recipe.data or recipe.task
-    if section is None:
-        return None
-    from mtprun.data.tokenizer import build_tokenizer
-
-    return len(build_tokenizer(section.template))
-
-
 def recipe_trainer_memory(recipe: Recipe, plan: HeadPlan | None = None) -> TrainerMemory | str:
     """The estimate for `recipe` (its head loss from `plan`, compiled when not given), or why
     it cannot be made here."""
-    size = model_size(recipe)
-    if isinstance(size, str):
-        return size
+    shape = recipe_shape(recipe)
+    if isinstance(shape, str):
+        return shape
     if plan is None:
-        from mtprun.compiler.compile import compile_recipe
-
         plan = compile_recipe(recipe)
     mtp = next((t for t in recipe.losses if t.kind == "mtp"), None)
     return estimate_trainer_memory(
-        size,
+        shape,
         recipe.parallel,
         dtype=recipe.model.dtype,
         micro_batch_tokens=recipe.trainer.micro_batch_tokens,

@@ -1,0 +1,177 @@
+"""The one model shape: what validate's rules, `mtprun plan`, the memory estimate, weight
+conversion and the trainer know about a model, read from an HF config.json or `model.tiny`.
+
+A shape is a dense decoder core (every supported family today) with room for what newer
+families add beside it: `experts` for a mixture-of-experts MLP, `mtp_layers` for
+multi-token-prediction layers. A family that needs more (q/k norms, per-layer kinds of a hybrid
+model) adds its field here with a default that keeps the dense reading, and reads it in
+`from_hf_config`; every consumer then sees it through this one type.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mtprun.spec.model import TinyModel
+
+# HF `architectures` entries whose weights mtprun can convert to Megatron-core and back.
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MiMoForCausalLM")
+
+# The HF architecture a `model.tiny.architecture` builds (mtprun.models.tiny).
+TINY_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "mimo": "MiMoForCausalLM"}
+
+# The config.json key of each shape field read from one (messages name a field by its key).
+HF_CONFIG_KEYS = {
+    "hidden": "hidden_size",
+    "layers": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "intermediate": "intermediate_size",
+    "vocab": "vocab_size",
+    "tie_embeddings": "tie_word_embeddings",
+    "mtp_layers": "num_nextn_predict_layers",
+    "rms_norm_eps": "rms_norm_eps",
+    "rope_theta": "rope_theta",
+    "max_seq_len": "max_position_embeddings",
+}
+
+# What a config.json that leaves a field out means (transformers' defaults for these families).
+_DEFAULT_RMS_NORM_EPS = 1e-6
+_DEFAULT_ROPE_THETA = 10000.0
+_DEFAULT_MAX_SEQ_LEN = 2048
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """A mixture-of-experts MLP (no supported family has one yet; issue 24's families fill it).
+
+    Layers below `dense_layers` keep the dense MLP of the core's `intermediate` width.
+    """
+
+    count: int  # routed experts per layer
+    top_k: int  # experts each token is routed to
+    intermediate: int  # one expert's FFN width
+    shared_intermediate: int = 0  # the always-on shared expert's width; 0: none
+    dense_layers: int = 0
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only causal LM: the dense core, and the optional parts beside it."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = True  # Qwen2 and MiMo have q/k/v biases
+    mtp_layers: int = 0
+    rms_norm_eps: float = _DEFAULT_RMS_NORM_EPS
+    rope_theta: float = _DEFAULT_ROPE_THETA
+    max_seq_len: int = _DEFAULT_MAX_SEQ_LEN
+    # The supported HF architecture it reads as; None when its config names none mtprun
+    # supports (validate and the memory estimate still read its shape).
+    architecture: str | None = None
+    experts: ExpertShape | None = None
+    config_path: str | None = None  # the config.json it was read from; None for model.tiny
+
+    @classmethod
+    def from_hf_config(
+        cls, config: dict[str, Any], source: str = "config.json", *, supported_only: bool = True
+    ) -> ModelShape:
+        """The shape in an HF config.json's fields (`source`: its path, for messages).
+
+        With `supported_only` (what conversion and the trainer need) a config whose
+        `architectures` names none mtprun supports, or whose RoPE is not the default one, is a
+        ValueError; without it the shape is read whatever the architecture. A missing or
+        malformed required field raises KeyError, TypeError or ValueError.
+        """
+        archs = config.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        rope = config.get("rope_parameters") or {}
+        if supported_only and arch is None:
+            raise ValueError(
+                f"{source}: architectures {archs} has none mtprun supports "
+                f"({', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        if supported_only and rope.get("rope_type", "default") != "default":
+            raise ValueError(f"{source}: rope_type {rope['rope_type']!r} is not supported")
+        key = HF_CONFIG_KEYS
+        hidden, heads = int(config[key["hidden"]]), int(config[key["heads"]])
+        return cls(
+            hidden=hidden,
+            layers=int(config[key["layers"]]),
+            heads=heads,
+            kv_heads=int(config.get(key["kv_heads"]) or heads),
+            head_dim=int(config.get(key["head_dim"]) or hidden // heads),
+            intermediate=int(config[key["intermediate"]]),
+            vocab=int(config[key["vocab"]]),
+            tie_embeddings=bool(config.get(key["tie_embeddings"], False)),
+            # Qwen2 always has q/k/v biases; Llama has them when `attention_bias` is set.
+            qkv_bias=arch != "LlamaForCausalLM" or bool(config.get("attention_bias", False)),
+            mtp_layers=int(config.get(key["mtp_layers"]) or 0),
+            rms_norm_eps=float(config.get(key["rms_norm_eps"], _DEFAULT_RMS_NORM_EPS)),
+            rope_theta=float(
+                rope.get("rope_theta", config.get(key["rope_theta"], _DEFAULT_ROPE_THETA))
+            ),
+            max_seq_len=int(config.get(key["max_seq_len"]) or _DEFAULT_MAX_SEQ_LEN),
+            architecture=arch,
+            config_path=source,
+        )
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path) -> ModelShape:
+        """The shape of an HF model folder mtprun can convert; FileNotFoundError without a
+        config.json, ValueError for an architecture it does not support."""
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no config.json; is {model_dir} an HF model folder?")
+        return cls.from_hf_config(json.loads(path.read_text()), source=str(path))
+
+    @classmethod
+    def read(cls, model_dir: str | Path) -> ModelShape | None:
+        """The shape in an HF folder's config.json, whatever its architecture; None when it is
+        not readable here (for instance a cluster path): its user then skips what needs it,
+        and the runner reports the folder with its own, specific error."""
+        path = Path(model_dir) / "config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+            return cls.from_hf_config(config, source=str(path), supported_only=False)
+        except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
+            return None
+
+    @classmethod
+    def from_tiny(cls, tiny: TinyModel, vocab: int) -> ModelShape:
+        """The shape of the folder `mtprun.models.tiny` builds from `tiny`, whose vocab is
+        `vocab` (`tiny.vocab`, or what a null one becomes: its tokenizer's size, padded)."""
+        return cls(
+            hidden=tiny.hidden,
+            layers=tiny.layers,
+            heads=tiny.heads,
+            kv_heads=tiny.kv_heads,
+            head_dim=tiny.head_dim,
+            intermediate=tiny.intermediate,
+            vocab=vocab,
+            tie_embeddings=tiny.tie_embeddings,
+            mtp_layers=tiny.mtp_layers,
+            max_seq_len=tiny.max_seq_len,
+            architecture=TINY_ARCHITECTURES[tiny.architecture],
+        )
+
+    def check_tp(self, tp: int) -> None:
+        """Raise a clear error when this model cannot be split over `tp` ranks."""
+        for field in ("heads", "kv_heads", "vocab", "intermediate"):
+            n = getattr(self, field)
+            if n % tp:
+                raise ValueError(
+                    f"parallel.tp={tp} does not divide the model's {HF_CONFIG_KEYS[field]}={n}; "
+                    "choose a tp that divides it (for a tiny model, change model.tiny accordingly)"
+                )

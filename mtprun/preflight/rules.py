@@ -1,0 +1,237 @@
+"""The rules that hold a recipe against what lies outside it: the model's shape (from
+`model.tiny` or its folder's config.json), data sources on disk, the reward and environment
+code it names, the trainer's memory against `resources.gpu_memory_gib`.
+
+`PREFLIGHT_RULES` runs the recipe's own rules (`mtprun.spec.rules.SPEC_RULES`) and then these,
+each reported at the offending value like the recipe's own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from mtprun.data.environment import load_environment_class
+from mtprun.data.rewards import reward_problem
+from mtprun.data.tasks import TASKS
+from mtprun.models.shape import HF_CONFIG_KEYS, ModelShape
+from mtprun.preflight.model_shape import policy_shape
+from mtprun.spec.data import DATA_FILE_SUFFIXES
+from mtprun.spec.document import KeyPath
+from mtprun.spec.errors import did_you_mean
+from mtprun.spec.model import VOCAB_MULTIPLE
+from mtprun.spec.recipe import Recipe
+from mtprun.spec.rules import SPEC_RULES, Issue, RuleSet, loss_terms
+
+PREFLIGHT_RULES = RuleSet(SPEC_RULES)
+rule = PREFLIGHT_RULES.rule
+
+
+def _policy(r: Recipe) -> ModelShape | None:
+    # A tiny model's null vocab becomes its tokenizer's size padded to a multiple of
+    # VOCAB_MULTIPLE when it is built: every tp that divides VOCAB_MULTIPLE divides it.
+    return policy_shape(r.model, tiny_vocab=VOCAB_MULTIPLE)
+
+
+def _label(shape: ModelShape, field: str) -> str:
+    """How messages name `field`: model.tiny.heads, or .../config.json num_attention_heads."""
+    if shape.config_path is None:
+        return f"model.tiny.{field}"
+    return f"{shape.config_path} {HF_CONFIG_KEYS[field]}"
+
+
+@rule("losses", "model", "parallel")
+def _teacher_fits_the_policy(r: Recipe) -> Iterator[Issue]:
+    # The trainer runs the teacher split over the policy's TP group and compares the two
+    # distributions token by token. A folder not readable here is reported by the runner.
+    policy = _policy(r)
+    policy_vocab_known = r.model.tiny is None or r.model.tiny.vocab is not None
+    for i, term in loss_terms(r):
+        teacher = ModelShape.read(term.teacher) if term.kind == "distill" else None
+        if teacher is None:
+            continue
+        where = ("losses", i, "teacher")
+        if policy is not None and policy_vocab_known and teacher.vocab != policy.vocab:
+            yield Issue(
+                where,
+                f"the teacher's {_label(teacher, 'vocab')} is {teacher.vocab} but the policy's "
+                f"{_label(policy, 'vocab')} is {policy.vocab}: distillation needs one tokenizer",
+            )
+        names = ("heads", "kv_heads", "intermediate", "vocab")
+        for name, count in _not_split_by(r.parallel.tp, teacher, names):
+            yield Issue(
+                where,
+                f"parallel.tp {r.parallel.tp} does not divide {_label(teacher, name)} "
+                f"({count}): the teacher is split over the trainer's TP group too",
+            )
+
+
+@rule("parallel", "model")
+def _pp_splits_model(r: Recipe) -> Iterator[Issue]:
+    shape, pp = _policy(r), r.parallel.pp
+    if shape is None:
+        return
+    for name, count in _not_split_by(pp, shape, ("layers",)):
+        yield Issue(
+            ("parallel", "pp"),
+            f"pp {pp} does not divide {_label(shape, name)} ({count}): each pipeline stage holds "
+            "an equal share of the decoder layers",
+        )
+
+
+@rule("losses", "model")
+def _mtp_depth_fits_model(r: Recipe) -> Iterator[Issue]:
+    shape = _policy(r)
+    if shape is None:
+        return
+    for i, term in loss_terms(r):
+        if term.kind != "mtp" or term.depth <= shape.mtp_layers:
+            continue
+        yield Issue(
+            ("losses", i, "depth"),
+            f"mtp depth {term.depth} exceeds the model's MTP layers ({shape.mtp_layers}); "
+            + _more_mtp_layers(shape, "mtp_layers >= depth"),
+        )
+
+
+@rule("rollout", "model")
+def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
+    spec, shape = r.rollout.speculative, _policy(r)
+    if spec is None or spec.method != "mtp" or shape is None:
+        return
+    where = ("rollout", "speculative")
+    if shape.mtp_layers == 0:
+        yield Issue(
+            (*where, "method"),
+            "speculative method 'mtp' drafts with the model's MTP layers, and it has none; "
+            + _more_mtp_layers(shape, "mtp_layers: 1"),
+        )
+    elif spec.num_speculative_tokens > 1:
+        yield Issue(
+            (*where, "num_speculative_tokens"),
+            f"vLLM 0.32 runs MiMo-style MTP with exactly 1 draft token per step, not "
+            f"{spec.num_speculative_tokens}: its drafter does not feed the head back into itself "
+            "(accepted: method: mtp with num_speculative_tokens: 1 on a model with MTP layers)",
+        )
+
+
+def _not_split_by(tp: int, shape: ModelShape, names: tuple[str, ...]) -> Iterator[tuple[str, int]]:
+    """(name, count) of each of `names` that `tp` ranks cannot split evenly."""
+    for name in names:
+        count = getattr(shape, name)
+        if count % tp:
+            yield name, count
+
+
+def _more_mtp_layers(shape: ModelShape, setting: str) -> str:
+    if shape.config_path is None:
+        return f"set model.tiny.architecture: mimo and {setting}"
+    return f"use a model with MTP layers ({_label(shape, 'mtp_layers')} is {shape.mtp_layers})"
+
+
+@rule("parallel", "model")
+def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
+    shape, tp = _policy(r), r.parallel.tp
+    if shape is None or tp == 1:
+        return
+    # Each rank holds whole attention heads, a slice of the MLP and an equal vocab shard (the
+    # trainer does not pad the vocab at run time).
+    for name, count in _not_split_by(tp, shape, ("heads", "kv_heads", "intermediate")):
+        yield Issue(("parallel", "tp"), f"tp {tp} does not divide {_label(shape, name)} ({count})")
+    if shape.vocab % tp:
+        fix = (
+            f"set it to a multiple of {tp} (or leave it null)"
+            if shape.config_path is None
+            else "pad the checkpoint's vocabulary to a multiple of tp"
+        )
+        yield Issue(
+            ("parallel", "tp"),
+            f"tp {tp} does not divide {_label(shape, 'vocab')} ({shape.vocab}); {fix}",
+        )
+
+
+@rule("rollout", "model", "task")
+def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
+    shape = _policy(r)
+    if r.task is not None and shape is not None and r.rollout.max_tokens >= shape.max_seq_len:
+        yield Issue(
+            ("rollout", "max_tokens"),
+            f"max_tokens {r.rollout.max_tokens} leaves no room for the prompt within "
+            f"{_label(shape, 'max_seq_len')} {shape.max_seq_len} (vLLM's max model length)",
+        )
+
+
+@rule("task")
+def _reward_loads(r: Recipe) -> Iterator[Issue]:
+    if r.task is None or r.task.reward is None:
+        return
+    # Imports the reward (user code) as the reward workers will: its errors are the recipe's.
+    problem = reward_problem(r.task.reward)
+    if problem is not None:
+        yield Issue(("task", "reward"), problem)
+
+
+@rule("task", "data", "warmstart", "eval")
+def _sources_exist(r: Recipe) -> Iterator[Issue]:
+    sources: list[tuple[KeyPath, Any]] = []
+    if r.task is not None:
+        sources += [(("task", "name"), r.task.name), (("task", "prompts"), r.task.prompts)]
+    if r.data is not None:
+        sources.append((("data", "source"), r.data.source))
+    if r.warmstart is not None:
+        sources.append((("warmstart", "data", "source"), r.warmstart.data.source))
+    if r.eval is not None:
+        sources.append((("eval", "prompts"), r.eval.prompts))
+    for path, source in sources:
+        if source is None:
+            continue
+        if isinstance(source, str) and source in TASKS:
+            continue
+        file = source if isinstance(source, str) else source.path
+        where = path if isinstance(source, str) else (*path, "path")
+        if not os.path.exists(file):
+            if file.endswith(DATA_FILE_SUFFIXES) or not isinstance(source, str):
+                yield Issue(where, f"file not found: {file}")
+                continue
+            name = os.path.basename(file)
+            yield Issue(
+                where,
+                f"unknown built-in task '{name}'{did_you_mean(name, TASKS)}; built-in: "
+                f"{', '.join(TASKS)}; or a dataset file or folder (none at {file})",
+            )
+        elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
+            yield Issue(where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}")
+
+
+@rule("task")
+def _environment_loads(r: Recipe) -> Iterator[Issue]:
+    if r.task is None or r.task.environment is None:
+        return
+    # Imports the user's module (as the runner will): its errors are the recipe's.
+    try:
+        load_environment_class(r.task.environment)
+    except ValueError as err:
+        yield Issue(("task", "environment"), f"task.environment: {err}")
+
+
+@rule("model", "parallel", "trainer", "resources", "losses", "data", "task")
+def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
+    gib = r.resources.gpu_memory_gib
+    terms = [t for _, t in loss_terms(r)]
+    if gib is None or not terms or len(terms) < len(r.losses) or _policy(r) is None:
+        return  # no budget, broken terms, or a model shape not known here: nothing to check
+    # The estimate's head-loss part compiles the plan, which imports torch: only recipes that
+    # ask for this check pay for it (`mtprun validate` stays torch-free otherwise).
+    from mtprun.preflight.memory import GIB, over_budget_message, recipe_trainer_memory
+
+    memory = recipe_trainer_memory(r)
+    if isinstance(memory, str) or memory.total <= gib * GIB:
+        return
+    yield Issue(
+        ("resources", "gpu_memory_gib"),
+        over_budget_message(
+            memory, f"resources.gpu_memory_gib {gib:g}", r.trainer.micro_batch_tokens
+        ),
+        "warning",
+    )
