@@ -1,17 +1,21 @@
 """HF checkpoint tensors <-> Megatron-core tensors for every supported architecture.
 
 hf_to_megatron gives one tensor-parallel rank's shards; megatron_to_hf takes full tensors
-(gather them first with `tp_layout.gather_state_dict`). Qwen2/Llama trunks are handled by
-`mtprun.models.qwen2`, MiMo MTP layers by `mtprun.models.mimo`.
+(gather them first with `tp_layout.gather_state_dict`). Each family names the converter
+modules that together cover its tensors (`mtprun.models.family`): the shared decoder trunk
+(`mtprun.models.decoder`), and for MiMo its MTP layers (`mtprun.models.mimo`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Mapping
+from types import ModuleType
 
 import torch
 
-from mtprun.models import mimo, qwen2, tp_layout
+from mtprun.models import tp_layout
+from mtprun.models.family import family_of
 from mtprun.models.shape import ModelShape
 
 
@@ -38,6 +42,13 @@ class _Tracked(Mapping[str, torch.Tensor]):
         return len(self._tensors)
 
 
+def _converters(shape: ModelShape) -> list[ModuleType]:
+    """The converter modules of `shape`'s family, each with to_megatron and to_hf."""
+    if shape.architecture is None:
+        raise ValueError("the model's architecture is none mtprun supports")
+    return [importlib.import_module(m) for m in family_of(shape.architecture).converters]
+
+
 def hf_to_megatron(
     hf: Mapping[str, torch.Tensor],
     shape: ModelShape,
@@ -52,8 +63,9 @@ def hf_to_megatron(
     """
     shape.check_tp(tp_size)
     tracked = _Tracked(hf, source)
-    full = qwen2.trunk_to_megatron(tracked, shape)
-    full.update(mimo.mtp_to_megatron(tracked, shape))
+    full: dict[str, torch.Tensor] = {}
+    for converter in _converters(shape):
+        full.update(converter.to_megatron(tracked, shape))
     leftover = set(hf) - tracked.used - ({"lm_head.weight"} if shape.tie_embeddings else set())
     if leftover:
         raise ValueError(
@@ -65,6 +77,7 @@ def hf_to_megatron(
 
 def megatron_to_hf(mg: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
     """Full (gathered) Megatron-named tensors -> HF-named tensors."""
-    out = qwen2.trunk_to_hf(mg, shape)
-    out.update(mimo.mtp_to_hf(mg, shape))
+    out: dict[str, torch.Tensor] = {}
+    for converter in _converters(shape):
+        out.update(converter.to_hf(mg, shape))
     return out

@@ -9,7 +9,7 @@ input order, so input_proj maps unchanged; the decoder layer sits under `decoder
 
 from __future__ import annotations
 
-from mtprun.models import qwen2
+from mtprun.models import decoder
 from mtprun.models.shape import ModelShape
 
 _MTP_RENAMES = (
@@ -20,19 +20,21 @@ _MTP_RENAMES = (
 )
 
 
-def mtp_to_megatron(hf: qwen2.Tensors, shape: ModelShape) -> dict:
+def to_megatron(hf: decoder.Tensors, shape: ModelShape) -> dict:
+    """The MTP layers' tensors (the trunk's are `decoder.to_megatron`'s)."""
     out = {}
     for i in range(shape.mtp_layers):
         hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
         out.update({mg_prefix + n: hf[hf_prefix + n] for n in _MTP_RENAMES})
-        out.update(qwen2.layer_to_megatron(hf, hf_prefix, mg_prefix + "decoder_layer.", shape))
+        out.update(decoder.layer_to_megatron(hf, hf_prefix, mg_prefix + "decoder_layer.", shape))
     return out
 
 
-def mtp_to_hf(mg: qwen2.Tensors, shape: ModelShape) -> dict:
+def to_hf(mg: decoder.Tensors, shape: ModelShape) -> dict:
+    """Inverse of to_megatron."""
     out = {}
     for i in range(shape.mtp_layers):
         hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
         out.update({hf_prefix + n: mg[mg_prefix + n] for n in _MTP_RENAMES})
-        out.update(qwen2.layer_to_hf(mg, mg_prefix + "decoder_layer.", hf_prefix, shape))
+        out.update(decoder.layer_to_hf(mg, mg_prefix + "decoder_layer.", hf_prefix, shape))
     return out

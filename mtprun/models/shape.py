@@ -2,10 +2,11 @@
 conversion and the trainer know about a model, read from an HF config.json or `model.tiny`.
 
 A shape is a dense decoder core (every supported family today) with room for what newer
-families add beside it: `experts` for a mixture-of-experts MLP, `mtp_layers` for
-multi-token-prediction layers. A family that needs more (q/k norms, per-layer kinds of a hybrid
-model) adds its field here with a default that keeps the dense reading, and reads it in
-`from_hf_config`; every consumer then sees it through this one type.
+families add beside it: `qkv_bias`, `qk_norm` (per-head q/k norms), `experts` for a
+mixture-of-experts MLP, `mtp_layers` for multi-token-prediction layers. What a family adds is
+declared by its `mtprun.models.family.Family` and read here; a family that needs more (per-layer
+kinds of a hybrid model) adds its field here with a default that keeps the dense reading;
+every consumer then sees it through this one type.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtprun.models.family import SUPPORTED_ARCHITECTURES, TINY_ARCHITECTURES, family_of
+
 if TYPE_CHECKING:
     from mtprun.spec.model import TinyModel
 
-# HF `architectures` entries whose weights mtprun can convert to Megatron-core and back.
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "MiMoForCausalLM")
-
-# The HF architecture a `model.tiny.architecture` builds (mtprun.models.tiny).
-TINY_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "mimo": "MiMoForCausalLM"}
+__all__ = ["SUPPORTED_ARCHITECTURES", "TINY_ARCHITECTURES", "ExpertShape", "ModelShape"]
 
 # The config.json key of each shape field read from one (messages name a field by its key).
 HF_CONFIG_KEYS = {
@@ -73,6 +72,7 @@ class ModelShape:
     vocab: int
     tie_embeddings: bool = False
     qkv_bias: bool = True  # Qwen2 and MiMo have q/k/v biases
+    qk_norm: bool = False  # Qwen3 RMS-normalises each query and key head before RoPE
     mtp_layers: int = 0
     rms_norm_eps: float = _DEFAULT_RMS_NORM_EPS
     rope_theta: float = _DEFAULT_ROPE_THETA
@@ -104,6 +104,9 @@ class ModelShape:
             )
         if supported_only and rope.get("rope_type", "default") != "default":
             raise ValueError(f"{source}: rope_type {rope['rope_type']!r} is not supported")
+        # An architecture mtprun does not support reads as the Qwen2-style core (for the
+        # memory estimate): q/k/v biases, no q/k norms.
+        family = family_of(arch) if arch else None
         key = HF_CONFIG_KEYS
         hidden, heads = int(config[key["hidden"]]), int(config[key["heads"]])
         return cls(
@@ -115,8 +118,8 @@ class ModelShape:
             intermediate=int(config[key["intermediate"]]),
             vocab=int(config[key["vocab"]]),
             tie_embeddings=bool(config.get(key["tie_embeddings"], False)),
-            # Qwen2 always has q/k/v biases; Llama has them when `attention_bias` is set.
-            qkv_bias=arch != "LlamaForCausalLM" or bool(config.get("attention_bias", False)),
+            qkv_bias=family.qkv_bias(config) if family else True,
+            qk_norm=family.qk_norm if family else False,
             mtp_layers=int(config.get(key["mtp_layers"]) or 0),
             rms_norm_eps=float(config.get(key["rms_norm_eps"], _DEFAULT_RMS_NORM_EPS)),
             rope_theta=float(
@@ -152,6 +155,7 @@ class ModelShape:
     def from_tiny(cls, tiny: TinyModel, vocab: int) -> ModelShape:
         """The shape of the folder `mtprun.models.tiny` builds from `tiny`, whose vocab is
         `vocab` (`tiny.vocab`, or what a null one becomes: its tokenizer's size, padded)."""
+        family = family_of(TINY_ARCHITECTURES[tiny.architecture])
         return cls(
             hidden=tiny.hidden,
             layers=tiny.layers,
@@ -163,8 +167,15 @@ class ModelShape:
             tie_embeddings=tiny.tie_embeddings,
             mtp_layers=tiny.mtp_layers,
             max_seq_len=tiny.max_seq_len,
-            architecture=TINY_ARCHITECTURES[tiny.architecture],
+            qkv_bias=family.qkv_bias({}),  # a tiny config leaves `attention_bias` unset
+            qk_norm=family.qk_norm,
+            architecture=family.architecture,
         )
+
+    def megatron_layer_options(self) -> dict[str, Any]:
+        """Keyword options of megatron-core's `get_gpt_layer_local_spec` (and the same-named
+        `TransformerConfig` fields) that this model's family needs."""
+        return {"qk_layernorm": self.qk_norm}
 
     def check_tp(self, tp: int) -> None:
         """Raise a clear error when this model cannot be split over `tp` ranks."""

@@ -1,7 +1,9 @@
-"""Tiny random-init HF checkpoints (Qwen2, or MiMo = Qwen2 + MTP layers), built locally.
+"""Tiny random-init HF checkpoints of every family with a tiny builder (Qwen2, Qwen3, or
+MiMo = Qwen2 + MTP layers), built locally.
 
 The folder holds config.json, model.safetensors and the tokenizer, and loads in transformers
-(`AutoModelForCausalLM`) and in vLLM. A MiMo folder declares `"architectures":
+(`AutoModelForCausalLM`) and in vLLM. The family (`mtprun.models.family`) names the
+transformers config class it draws from. A MiMo folder declares `"architectures":
 ["MiMoForCausalLM"]` and `num_nextn_predict_layers`; vLLM then serves its MTP layers as the
 speculative-decoding drafter, while transformers loads the trunk as a plain Qwen2 model.
 """
@@ -11,15 +13,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import transformers
 from safetensors.torch import save_file
-from transformers import PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+)
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
-from mtprun.models.shape import TINY_ARCHITECTURES
+from mtprun.models.family import TINY_ARCHITECTURES, family_of
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, TinyModel
 
 
-def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Config:
+def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> PretrainedConfig:
+    """The HF config of `spec`'s family at `spec`'s sizes, for `tokenizer`'s special ids."""
+    family = family_of(TINY_ARCHITECTURES[spec.architecture])
     if spec.hidden % spec.heads or spec.head_dim not in VLLM_CPU_HEAD_DIMS:
         raise ValueError(
             f"model.tiny: hidden={spec.hidden} / heads={spec.heads} must be a head size vLLM's "
@@ -27,14 +37,14 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Con
         )
     if spec.heads % spec.kv_heads:
         raise ValueError(f"model.tiny: heads={spec.heads} must be a multiple of kv_heads")
-    if spec.architecture == "qwen2" and spec.mtp_layers:
+    if spec.mtp_layers and not family.mtp:
         raise ValueError("model.tiny: mtp_layers needs architecture: mimo")
     vocab = spec.vocab_size(len(tokenizer))
     if vocab < len(tokenizer):
         raise ValueError(
             f"model.tiny.vocab={vocab} is smaller than the tokenizer ({len(tokenizer)})"
         )
-    config = Qwen2Config(
+    config = getattr(transformers, family.tiny_config)(
         vocab_size=vocab,
         hidden_size=spec.hidden,
         intermediate_size=spec.intermediate,
@@ -48,8 +58,10 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Qwen2Con
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
-    config.architectures = [TINY_ARCHITECTURES[spec.architecture]]
-    if spec.architecture == "mimo":
+    if getattr(config, "head_dim", None) is not None:  # explicit (Qwen3's defaults to 128)
+        config.head_dim = spec.head_dim
+    config.architectures = [family.architecture]
+    if family.mtp:
         config.num_nextn_predict_layers = spec.mtp_layers
     return config
 
@@ -85,7 +97,7 @@ def build_tiny_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     config = tiny_config(spec, tokenizer)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     tensors = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
     if config.tie_word_embeddings:
         del tensors["lm_head.weight"]  # stored once, as the embedding

@@ -97,8 +97,9 @@ def layer_params(shape: ModelShape, tp: int) -> int:
     h, f = shape.hidden, _split(shape.intermediate, tp)
     qkv = _q_width(shape, tp) + 2 * _kv_width(shape, tp)
     bias = qkv if shape.qkv_bias else 0
+    qk_norms = 2 * shape.head_dim if shape.qk_norm else 0  # per head, replicated
     # linear_qkv (+ bias), linear_proj, linear_fc1 (gate and up), linear_fc2, two norms.
-    return h * qkv + bias + _q_width(shape, tp) * h + 2 * f * h + f * h + 2 * h
+    return h * qkv + bias + _q_width(shape, tp) * h + 2 * f * h + f * h + 2 * h + qk_norms
 
 
 def parameters(shape: ModelShape) -> int:

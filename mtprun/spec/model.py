@@ -21,10 +21,11 @@ VOCAB_MULTIPLE = 128
 class TinyModel(Section):
     """A small random-init model built locally (no hub download)."""
 
-    architecture: Literal["qwen2", "mimo"] = Field(
+    architecture: Literal["qwen2", "qwen3", "mimo"] = Field(
         "qwen2",
-        description="qwen2: a Qwen2 decoder; mimo: Qwen2 plus MiMo-style MTP layers "
-        "(needed for MTP losses and MTP speculative decoding).",
+        description="qwen2: a Qwen2 decoder; qwen3: a Qwen3 decoder (per-head q/k norms, no "
+        "q/k/v biases); mimo: Qwen2 plus MiMo-style MTP layers (needed for MTP losses and MTP "
+        "speculative decoding).",
     )
     hidden: int = Field(128, ge=1, description="Hidden size.")
     layers: int = Field(2, ge=1, description="Number of decoder layers.")

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
 from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
+from mtprun.models.decoder import fuse_qkv, split_qkv
 from mtprun.models.pp_layout import PipelineStage, global_tensors, stage_tensors
-from mtprun.models.qwen2 import fuse_qkv, split_qkv
 from mtprun.models.tp_layout import unshard
 
 

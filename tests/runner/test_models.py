@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,6 +28,23 @@ def test_qwen2_folder_loads_in_transformers_with_the_saved_weights(tiny_qwen2_di
         torch.testing.assert_close(param, saved[name], rtol=0, atol=0)
     loaded = AutoTokenizer.from_pretrained(tiny_qwen2_dir)
     assert loaded("12+3=").input_ids == tokenizer("12+3=").input_ids
+
+
+def test_qwen3_folder_has_q_k_norms_no_biases_and_the_tiny_head_dim(tmp_path, tokenizer):
+    spec = TinyModel(architecture="qwen3", **TINY)
+    folder = build_tiny_model(spec, tokenizer, tmp_path, seed=0)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert (config["head_dim"], config["attention_bias"]) == (spec.head_dim, False)
+    saved = load_file(folder / "model.safetensors")
+    assert saved["model.layers.0.self_attn.k_norm.weight"].shape == (spec.head_dim,)
+    assert not any(name.endswith("_proj.bias") for name in saved)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    for name, param in model.state_dict().items():
+        torch.testing.assert_close(param, saved[name], rtol=0, atol=0)
+    # What validate reads from the tiny spec is what the trainer reads from the folder.
+    from_spec = replace(ModelShape.from_tiny(spec, 128), config_path=str(folder / "config.json"))
+    assert ModelShape.from_model_dir(folder) == from_spec
 
 
 def test_mimo_folder_has_mtp_layers_in_vllm_naming(tiny_mimo_dir):
@@ -99,6 +117,7 @@ def test_seed_decides_the_weights(tmp_path, tokenizer):
         ({"hidden": 32, "heads": 2}, "head size"),
         ({"heads": 2, "kv_heads": 3}, "multiple of kv_heads"),
         ({"mtp_layers": 1}, "architecture: mimo"),
+        ({"mtp_layers": 1, "architecture": "qwen3"}, "architecture: mimo"),
         ({"vocab": 10}, "smaller than the tokenizer"),
     ],
 )

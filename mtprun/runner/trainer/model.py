@@ -43,8 +43,9 @@ def transformer_config(
     dtype: torch.dtype = torch.float32,
     fused: bool = False,
 ) -> TransformerConfig:
-    """Megatron config for a Qwen2/Llama-style decoder split into `pp` pipeline stages, with
-    `dtype` weights; fusions that need Transformer Engine or Apex off.
+    """Megatron config for a Qwen2-style decoder split into `pp` pipeline stages, with
+    `dtype` weights, and the layer options of the shape's family (q/k norms); fusions that need
+    Transformer Engine or Apex off.
 
     `fused` (CUDA) runs the MLP's SwiGLU as one Triton kernel each way (`SwiGLUActivation`,
     taken through Megatron's module-activation hook `use_te_activation_func`, which builds the
@@ -96,6 +97,7 @@ def transformer_config(
         calculate_per_token_loss=True,
         recompute_granularity="selective" if selective else None,
         recompute_modules=["mlp"] if selective else None,
+        **shape.megatron_layer_options(),
     )
     # Shapes go first: packed micro batches differ in length. Set after construction because
     # the config's check of MoE token dispatchers refuses it even for a model without experts.
@@ -116,7 +118,9 @@ class MiMoMTPLayer(torch.nn.Module):
         # Replicated over TP ranks: its inputs and output gradients are identical on each.
         self.input_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
         self.decoder_layer = build_module(
-            decoder_layer_spec(), config=config, layer_number=layer_number
+            decoder_layer_spec(qk_layernorm=config.qk_layernorm),
+            config=config,
+            layer_number=layer_number,
         )
         self.final_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
 
@@ -151,7 +155,7 @@ class PolicyModel(GPTModel):
         config = transformer_config(shape, stage.size, recompute, dtype, fused)
         super().__init__(
             config=config,
-            transformer_layer_spec=decoder_layer_spec(),
+            transformer_layer_spec=decoder_layer_spec(**shape.megatron_layer_options()),
             vocab_size=shape.vocab,
             max_sequence_length=shape.max_seq_len,
             pre_process=stage.first,
@@ -315,13 +319,38 @@ class SwiGLUActivation(torch.nn.Module):
         return self.swiglu(fc1_out)
 
 
-def decoder_layer_spec() -> ModuleSpec:
-    """Megatron-core's local transformer layer, its core attention packed (flash-class on
-    CUDA) and context-parallel, its MLP activation a kernel where the config asks for one."""
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+def decoder_layer_spec(qk_layernorm: bool = False) -> ModuleSpec:
+    """Megatron-core's local transformer layer, with per-head q/k RMSNorms if `qk_layernorm`
+    (`ModelShape.megatron_layer_options`), its core attention packed (flash-class on CUDA) and
+    context-parallel, its MLP activation a kernel where the config asks for one."""
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
     spec.submodules.self_attention.submodules.core_attention = PackedAttention
     spec.submodules.mlp.submodules.activation_func = SwiGLUActivation
     return spec
+
+
+_QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+
+
+def sum_qk_norm_grads(model: PolicyModel, tp_group: torch.distributed.ProcessGroup | None) -> None:
+    """Sum the per-head q/k norm gradients over the tensor-parallel ranks (before the step).
+
+    The norm weight is one per head size and replicated, but each rank normalises only its
+    own heads, so its gradient is its heads' share; the sum is the whole layer's, and the
+    replicas then take the same update (megatron-core's finalize_model_grads does the same
+    for `qk_layernorm`). Reads the float32 `main_grad` where megatron's DDP keeps one.
+    `tp_group` None: one tensor-parallel rank, nothing to sum."""
+    if not model.shape.qk_norm or tp_group is None:
+        return
+    params = [p for n, p in model.named_parameters() if n.endswith(_QK_NORMS)]
+    grads = [p.main_grad if hasattr(p, "main_grad") else p.grad for p in params]
+    grads = [g for g in grads if g is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    torch.distributed.all_reduce(flat, group=tp_group)
+    for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+        grad.copy_(summed.view_as(grad))
 
 
 def load_megatron_weights(model: PolicyModel, tensors: dict[str, torch.Tensor]) -> None:

@@ -39,7 +39,7 @@ from mtprun.runner.net import free_port
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
-from mtprun.runner.trainer.model import MTP_PREFIX, load_policy_model
+from mtprun.runner.trainer.model import MTP_PREFIX, load_policy_model, sum_qk_norm_grads
 from mtprun.runner.trainer.optim import NormScope, build_groups
 from mtprun.runner.trainer.parallel import init_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
@@ -219,9 +219,11 @@ class Trainer:
         returns this step's learning rate and each optimizer's norm before clipping."""
         if self.mixed is not None:
             self.mixed.finish_grads()
+            sum_qk_norm_grads(self.model, self.tp_group)
             lr = self.mixed.lr
             return lr, {"policy": self.mixed.step()}
         self._sum_data_parallel_grads()
+        sum_qk_norm_grads(self.model, self.tp_group)
         lr = self.groups[0].lr
         clip = self.recipe.trainer.grad_clip
         return lr, {g.name: g.step(clip, self._norm_scope) for g in self.groups}

@@ -1,4 +1,6 @@
-"""HF Qwen2/Llama decoder weights <-> Megatron-core GPTModel (local layer spec) weights.
+"""The Qwen2-style decoder trunk every family shares, HF <-> Megatron-core GPTModel (local layer
+spec): embedding, decoder layers, final norm, untied output layer. q/k/v biases (Qwen2, MiMo)
+and per-head q/k norms (Qwen3) are mapped when the shape has them.
 
 Megatron fuses q/k/v into one `linear_qkv` laid out per query group
 ([q heads of group g, k_g, v_g] for g = 0..G-1) so that a contiguous split over tensor-parallel
@@ -23,6 +25,15 @@ _LAYER_RENAMES = {
     "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
     "mlp.down_proj.weight": "mlp.linear_fc2.weight",
 }
+# The same, for a shape with per-head q/k norms (megatron-core's `qk_layernorm`).
+_QK_NORM_RENAMES = {
+    "self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
+    "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
+}
+
+
+def _renames(shape: ModelShape) -> dict[str, str]:
+    return {**_LAYER_RENAMES, **_QK_NORM_RENAMES} if shape.qk_norm else _LAYER_RENAMES
 
 
 def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shape: ModelShape) -> torch.Tensor:
@@ -57,7 +68,7 @@ def split_qkv(
 
 def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, shape: ModelShape) -> dict:
     """One decoder layer: HF tensors under `hf_prefix` -> Megatron tensors under `mg_prefix`."""
-    out = {mg_prefix + m: hf[hf_prefix + h] for h, m in _LAYER_RENAMES.items()}
+    out = {mg_prefix + m: hf[hf_prefix + h] for h, m in _renames(shape).items()}
     attn = hf_prefix + "self_attn."
     out[mg_prefix + "self_attention.linear_qkv.weight"] = fuse_qkv(
         hf[attn + "q_proj.weight"], hf[attn + "k_proj.weight"], hf[attn + "v_proj.weight"], shape
@@ -74,7 +85,7 @@ def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, shape: ModelS
 
 def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, shape: ModelShape) -> dict:
     """Inverse of layer_to_megatron."""
-    out = {hf_prefix + h: mg[mg_prefix + m] for h, m in _LAYER_RENAMES.items()}
+    out = {hf_prefix + h: mg[mg_prefix + m] for h, m in _renames(shape).items()}
     attn = hf_prefix + "self_attn."
     qkv = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.weight"], shape)
     out.update(zip((attn + f"{p}_proj.weight" for p in "qkv"), qkv, strict=True))
@@ -87,26 +98,28 @@ def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, shape: ModelShape) 
     return out
 
 
-def trunk_to_megatron(hf: Tensors, shape: ModelShape) -> dict:
-    """Embedding, decoder layers, final norm and (untied) output layer."""
-    out = {
-        "embedding.word_embeddings.weight": hf["model.embed_tokens.weight"],
-        "decoder.final_layernorm.weight": hf["model.norm.weight"],
+def _outside_layers(shape: ModelShape) -> dict[str, str]:
+    """HF name -> Megatron name of the trunk's tensors outside the decoder layers."""
+    names = {
+        "model.embed_tokens.weight": "embedding.word_embeddings.weight",
+        "model.norm.weight": "decoder.final_layernorm.weight",
     }
+    if not shape.tie_embeddings:
+        names["lm_head.weight"] = "output_layer.weight"
+    return names
+
+
+def to_megatron(hf: Tensors, shape: ModelShape) -> dict:
+    """Embedding, decoder layers, final norm and (untied) output layer."""
+    out = {m: hf[h] for h, m in _outside_layers(shape).items()}
     for i in range(shape.layers):
         out.update(layer_to_megatron(hf, f"model.layers.{i}.", f"decoder.layers.{i}.", shape))
-    if not shape.tie_embeddings:
-        out["output_layer.weight"] = hf["lm_head.weight"]
     return out
 
 
-def trunk_to_hf(mg: Tensors, shape: ModelShape) -> dict:
-    out = {
-        "model.embed_tokens.weight": mg["embedding.word_embeddings.weight"],
-        "model.norm.weight": mg["decoder.final_layernorm.weight"],
-    }
+def to_hf(mg: Tensors, shape: ModelShape) -> dict:
+    """Inverse of to_megatron."""
+    out = {h: mg[m] for h, m in _outside_layers(shape).items()}
     for i in range(shape.layers):
         out.update(layer_to_hf(mg, f"decoder.layers.{i}.", f"model.layers.{i}.", shape))
-    if not shape.tie_embeddings:
-        out["lm_head.weight"] = mg["output_layer.weight"]
     return out

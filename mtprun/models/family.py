@@ -1,0 +1,81 @@
+"""Model families: one `Family` each, and the registry every list of architectures comes from.
+
+A family says which HF `architectures` entry it reads, what it adds to the `ModelShape`
+(q/k/v biases, per-head q/k norms, MTP layers; the Megatron-core layer-spec options follow
+from those, `ModelShape.megatron_layer_options`), which modules map its tensors HF <->
+Megatron both ways (`converters`: every family's tp layout is `mtprun.models.tp_layout`'s, by
+tensor name; q/k norms are per head, so replicated), the vLLM architecture that serves its
+export, and the transformers config class its tiny builder (`mtprun.models.tiny`) draws from.
+
+`FAMILIES` is the only list: the supported architectures, the `model.tiny.architecture` names
+and the conversion dispatch are derived from it. A new family is one entry appended here (and
+its converter module when its tensors are not the Qwen2-style decoder's). This module imports
+no torch: `mtprun validate` reads shapes through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# The Qwen2-style decoder trunk (embedding, layers, final norm, output layer): every family's.
+DECODER = "mtprun.models.decoder"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One HF architecture mtprun converts, trains, serves and exports."""
+
+    architecture: str  # the HF `architectures` entry it reads
+    vllm_architecture: str  # the vLLM model class that serves its export
+    qkv_bias: Callable[[Mapping[str, Any]], bool]  # whether a config.json's model has them
+    qk_norm: bool = False  # RMSNorm over each query / key head before RoPE
+    mtp: bool = False  # MiMo-style MTP layers (`num_nextn_predict_layers`)
+    converters: tuple[str, ...] = (DECODER,)  # modules with to_megatron / to_hf, in order
+    tiny: str | None = None  # its `model.tiny.architecture` name; None: no tiny builder
+    tiny_config: str = "Qwen2Config"  # the transformers config class its tiny builder uses
+
+
+def _always(config: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _attention_bias(config: Mapping[str, Any]) -> bool:
+    return bool(config.get("attention_bias", False))
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("Qwen2ForCausalLM", "Qwen2ForCausalLM", qkv_bias=_always, tiny="qwen2"),
+    Family("LlamaForCausalLM", "LlamaForCausalLM", qkv_bias=_attention_bias),
+    Family(
+        "MiMoForCausalLM",
+        "MiMoForCausalLM",  # and its MTP layers as vLLM's `mtp` drafter
+        qkv_bias=_always,
+        mtp=True,
+        converters=(DECODER, "mtprun.models.mimo"),
+        tiny="mimo",
+    ),
+    # Qwen3 has `attention_bias` (false in every released checkpoint) and q/k norms.
+    Family(
+        "Qwen3ForCausalLM",
+        "Qwen3ForCausalLM",
+        qkv_bias=_attention_bias,
+        qk_norm=True,
+        tiny="qwen3",
+        tiny_config="Qwen3Config",
+    ),
+)
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES)
+"""HF `architectures` entries whose weights mtprun can convert to Megatron-core and back."""
+
+TINY_ARCHITECTURES: dict[str, str] = {f.tiny: f.architecture for f in FAMILIES if f.tiny}
+"""The HF architecture each `model.tiny.architecture` builds."""
+
+_BY_ARCHITECTURE: dict[str, Family] = {f.architecture: f for f in FAMILIES}
+
+
+def family_of(architecture: str) -> Family:
+    """The family of a supported HF architecture (KeyError for any other)."""
+    return _BY_ARCHITECTURE[architecture]

@@ -1,0 +1,38 @@
+"""Qwen3 folders for the Qwen3 tests: the tiny builder's, reshaped so that head_dim differs
+from hidden / heads, with every RMSNorm weight random (a swapped q/k norm would not show with
+the all-ones weights of a fresh init)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoConfig, PreTrainedTokenizerBase, Qwen3ForCausalLM
+
+from mtprun.models import build_tiny_model
+from mtprun.spec.model import TinyModel
+
+from .conftest import TINY
+
+
+def build_qwen3_folder(
+    tokenizer: PreTrainedTokenizerBase, out_dir: Path, seed: int, tie: bool = False
+) -> Path:
+    """A random-init Qwen3 of hidden 64 with 4 query heads and 2 key/value heads of 32
+    channels (queries 128 wide), every norm weight drawn around 1."""
+    spec = TinyModel(architecture="qwen3", tie_embeddings=tie, **TINY)
+    folder = build_tiny_model(spec, tokenizer, out_dir, seed=seed)
+    config = AutoConfig.from_pretrained(folder)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 4, 2, 32
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    for name, tensor in tensors.items():
+        if "norm" in name:
+            tensor.copy_(1.0 + 0.2 * torch.randn_like(tensor))
+    if tie:
+        del tensors["lm_head.weight"]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    return folder

@@ -1,0 +1,126 @@
+"""Qwen3 (per-head q/k norms, no q/k/v biases, head_dim apart from hidden / heads) through
+conversion, the trainer against transformers, export, and tp=2 against one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from mtprun.compiler import compile_recipe
+from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
+from mtprun.models.tp_layout import unshard
+from mtprun.runner.net import free_port
+from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.trainer.trainer import Trainer
+from mtprun.spec.parallel import ParallelSection
+
+from .conftest import make_recipe, random_packed_batch
+from .qwen3_folders import build_qwen3_folder
+
+ADAMW = {"optimizer": "adamw", "lr": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory, tokenizer):
+    return build_qwen3_folder(tokenizer, tmp_path_factory.mktemp("qwen3"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tied_qwen3_dir(tmp_path_factory, tokenizer):
+    return build_qwen3_folder(tokenizer, tmp_path_factory.mktemp("qwen3_tied"), seed=1, tie=True)
+
+
+def _packed_logits(model, batch):
+    lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
+    return torch.cat([model(s[None]).logits[0] for s in batch.input_ids.split(lengths)])
+
+
+def _hf_logprobs(model_dir, batch, dtype=torch.float64):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    with torch.no_grad():
+        logp = _packed_logits(model, batch).log_softmax(-1)
+    want = logp.gather(-1, batch.targets[:, None])[:, 0]
+    return torch.where(batch.loss_mask, want, 0.0).float()
+
+
+@pytest.mark.parametrize("fixture", ["qwen3_dir", "tied_qwen3_dir"])
+def test_qwen3_converts_exactly_and_computes_transformers_logits(request, megatron_tp1, fixture):
+    from mtprun.runner.trainer.model import PolicyModel, load_megatron_weights
+
+    folder = request.getfixturevalue(fixture)
+    shape = ModelShape.from_model_dir(folder)
+    assert (shape.architecture, shape.qk_norm, shape.qkv_bias) == ("Qwen3ForCausalLM", True, False)
+    assert (shape.hidden, shape.heads, shape.head_dim) == (64, 4, 32)
+    hf = load_file(folder / "model.safetensors")
+    # Round trip through two tp shards; the q/k norms are per head, so replicated.
+    shards = [hf_to_megatron(hf, shape, rank, 2) for rank in (0, 1)]
+    q_norm = "decoder.layers.1.self_attention.q_layernorm.weight"
+    assert torch.equal(shards[1][q_norm], hf["model.layers.1.self_attn.q_norm.weight"])
+    full = {name: unshard(name, [s[name] for s in shards]) for name in shards[0]}
+    back = megatron_to_hf(full, shape)
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+    model = PolicyModel(shape)
+    load_megatron_weights(model, hf_to_megatron(hf, shape))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.randint(0, shape.vocab, (1, 24), generator=torch.Generator().manual_seed(11))
+    causal = torch.triu(torch.ones(24, 24, dtype=torch.bool), diagonal=1)[None, None]
+    with torch.no_grad():
+        got = model.eval()(ids, torch.arange(24)[None], causal)
+        want = reference(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, qwen3_dir, tmp_path):
+    recipe = make_recipe(qwen3_dir, trainer=ADAMW)
+    trainer = Trainer(recipe, qwen3_dir, compile_recipe(recipe), "cpu")
+    batch = random_packed_batch(trainer.shape.vocab, [11, 17], seed=5)
+    (got,) = trainer.logprobs([batch])
+    torch.testing.assert_close(got, _hf_logprobs(qwen3_dir, batch), rtol=1e-4, atol=1e-4)
+
+    trainer.train_step([batch, random_packed_batch(trainer.shape.vocab, [9, 6], seed=6)])
+    exported = save_hf_folder(trainer.hf_state_dict(), qwen3_dir, tmp_path / "export")
+    saved = load_file(exported / "model.safetensors")
+    assert saved.keys() == load_file(qwen3_dir / "model.safetensors").keys()
+    assert not torch.equal(
+        saved["model.layers.0.self_attn.k_norm.weight"],
+        load_file(qwen3_dir / "model.safetensors")["model.layers.0.self_attn.k_norm.weight"],
+    )
+    # transformers loads the export and scores the batch as the trained policy does.
+    (trained,) = trainer.logprobs([batch])
+    torch.testing.assert_close(trained, _hf_logprobs(exported, batch), rtol=1e-4, atol=1e-4)
+
+
+def _three_adamw_steps(model_dir, parallel):
+    recipe = make_recipe(model_dir, parallel=parallel, trainer=ADAMW)
+    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
+    vocab = trainer.shape.vocab
+    batches = [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
+    return [trainer.train_step(batches) for _ in range(3)]
+
+
+def _tp_process(rank, port, model_dir, out_path):
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
+
+    layout = ParallelSection(tp=2)
+    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
+    metrics = _three_adamw_steps(model_dir, {"tp": 2})
+    if rank == 0:
+        torch.save(metrics, out_path)
+    destroy_parallel()
+
+
+@pytest.mark.slow
+def test_tp2_trains_like_one_process(megatron_tp1, qwen3_dir, tmp_path):
+    args = (free_port(), qwen3_dir, tmp_path / "tp2.pt")
+    mp.start_processes(_tp_process, args=args, nprocs=2, start_method="spawn")
+    two = torch.load(tmp_path / "tp2.pt")
+    one = _three_adamw_steps(qwen3_dir, {})
+    for step1, step2 in zip(one, two, strict=True):
+        for name in ("loss", "grad_norm"):
+            assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
