@@ -1,4 +1,5 @@
-"""`mtprun ui [RUN_DIR]`: the MLflow UI on a run's tracking store; prints the run's address."""
+"""`mtprun ui [RUN_DIR]`: the MLflow UI on a run's tracking store; prints the address of the
+training runs of the run's experiment and of the run's own page."""
 
 from __future__ import annotations
 
@@ -43,10 +44,13 @@ def run(args: argparse.Namespace) -> int:
     if not uri.startswith(("sqlite:", "file:")) and "://" in uri:
         print(f"the run is tracked on the MLflow server {uri}: open it there", file=sys.stderr)
         return EXIT_INVALID
+    experiment_id = _experiment_of(uri, state["run_id"])
+    if experiment_id is None:
+        print(f"mtprun ui: the run {state['run_id']} is not in its store {uri}", file=sys.stderr)
+        return EXIT_INVALID
     server = MlflowServer(uri, args.host, args.port)
-    print(f"MLflow UI for {run_dir}: {server.uri}", flush=True)
-    run_page = f"{server.uri}/#/experiments/{state['experiment_id']}/runs/{state['run_id']}"
-    print(f"run {state['run_id']}: {run_page}", flush=True)
+    print(f"MLflow UI for {run_dir}: {server.runs_view(experiment_id)}", flush=True)
+    print(f"run {state['run_id']}: {server.run_page(experiment_id, state['run_id'])}", flush=True)
     # SIGTERM too ends the server (it runs in a process group of its own).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -60,6 +64,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _experiment_of(uri: str, run_id: str) -> str | None:
+    """The id of the experiment (the recipe's `tracking.experiment`) that the store files the
+    run under; None when the store does not hold the run."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return MlflowClient(uri).get_run(run_id).info.experiment_id
+    except MlflowException:
+        return None
 
 
 def _interrupt(signum: int, frame: object) -> None:

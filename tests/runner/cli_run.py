@@ -107,9 +107,7 @@ _ACTOR_PIDS = re.compile(r"ready: (?:\d+ rank\(s\), )?pids \[([\d, ]+)\]|new pid
 def actor_pids(log: str) -> set[int]:
     """Process ids of every actor the run's log reports (trainer ranks, engines, restarts)."""
     pids: set[int] = set()
-    for found in re.finditer(
-        r"(?:ready: (?:\d+ rank\(s\), )?pids \[([\d, ]+)\]|new pid (\d+))", log
-    ):
+    for found in _ACTOR_PIDS.finditer(log):
         pids.update(int(p) for p in (found.group(1) or found.group(2)).split(", "))
     return pids
 

@@ -1,7 +1,5 @@
 """Mistakes a user can make with the runner's commands get a clear message and exit code 2."""
 
-import socket
-
 import pytest
 
 from mtprun.cli import main
@@ -82,14 +80,3 @@ def test_an_error_inside_a_trainer_actor_is_reported_as_itself(tmp_path):
         "run failed at step 0: ValueError: model.dtype: bfloat16 trains under autocast, which "
         "Megatron-core supports on CUDA devices only; use model.dtype: float32 on CPU"
     ), error
-
-
-def test_ui_on_a_port_in_use_says_so_and_exits_1(tmp_path, capsys):
-    state = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "run_id": "r"}
-    RunDir(tmp_path).create().write_state({**state, "experiment_id": "0"})
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        assert main(["ui", str(tmp_path), "--port", str(port)]) == 1
-    assert "mtprun ui: mlflow server exited" in capsys.readouterr().err

@@ -1,19 +1,21 @@
 """The rollout pool on a local Ray instance with a real vLLM engine: an engine process killed
 between steps (as the OOM killer would) is noticed by whichever call reaches it next, here
 the weight sync; Ray restarts it, the pool syncs the newest weights into it, and its greedy
-outputs are those of the new weights."""
+outputs are those of the new weights. An engine that Ray restarted before any call of the
+pool failed on it (it died while a weight-transfer group waited for it to join) is noticed by
+`revive` from its new pid, and synced the same way."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 from safetensors.torch import load_file
 
 from mtprun.runner.rollout.pool import RolloutPool
@@ -24,21 +26,23 @@ from .test_rollout import MAX_TOKENS, _assert_matches_hf, _retrained
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    temp = Path(tempfile.mkdtemp(prefix="rp", dir="/tmp"))  # Ray's sockets need a short path
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
-
-
-def _wait_gone(pid: int, timeout: float = 60) -> None:
+def _kill(pid: int, timeout: float = 60) -> None:
+    os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     while Path(f"/proc/{pid}").exists():
         assert time.monotonic() < deadline, f"process {pid} still alive after SIGKILL"
         time.sleep(0.2)
+
+
+def _restarted_pid(actor: Any, timeout: float = 300) -> int:
+    """The pid of `actor` once Ray restarted it, asked directly (not through the pool)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return ray.get(actor.pid.remote())
+        except (ActorUnavailableError, RayActorError):
+            assert time.monotonic() < deadline, "Ray did not restart the engine"
+            time.sleep(0.5)
 
 
 def test_engine_killed_between_steps_is_restarted_by_the_weight_sync(
@@ -51,16 +55,26 @@ def test_engine_killed_between_steps_is_restarted_by_the_weight_sync(
     prompts = [tokenizer("12+34=").input_ids, tokenizer("hello").input_ids]
     try:
         killed = pool.pids[0]
-        os.kill(killed, signal.SIGKILL)
-        _wait_gone(killed)
+        _kill(killed)
 
         new_dir = _retrained(tokenizer, tmp_path, "qwen2")
         seconds = pool.update_weights(ray.put(load_file(new_dir / "model.safetensors")), version=1)
         after = pool.generate(prompts, n=1)
+        assert pool.restarts == 1
+        assert pool.pids[0] != killed
+        assert seconds > 0
+        assert {sample.version for samples in after for sample in samples} == {1}
+        _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
+
+        killed = pool.pids[0]
+        _kill(killed)
+        restarted = _restarted_pid(pool.actors[0])  # on the stage's initial weights
+        assert pool.revive()
+        again = pool.generate(prompts, n=1)
     finally:
         pool.shutdown()
-    assert pool.restarts == 1
-    assert pool.pids[0] != killed
-    assert seconds > 0
-    assert {sample.version for samples in after for sample in samples} == {1}
-    _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
+    assert pool.restarts == 2
+    assert pool.pids[0] == restarted != killed
+    # Brought back to the newest weights, version 1.
+    assert {sample.version for samples in again for sample in samples} == {1}
+    _assert_matches_hf(again, new_dir, prompts, tokenizer.eos_token_id)

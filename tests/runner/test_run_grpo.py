@@ -92,12 +92,15 @@ def grpo_run():
     first_status = RunRecord(run_dir).run.info.status
     assert first_code == 130, f"the SIGINT did not stop the first attempt:\n{first_out[-3000:]}"
 
-    # In the resumed attempt, SIGKILL the rollout engine as soon as it is up: every step
-    # left then needs it. (Killed after the attempt's first logged step, it could die after
-    # its last call when the first attempt had stopped late, and nothing noticed.)
+    # In the resumed attempt, SIGKILL the rollout engine once the attempt logged its first
+    # step: the engine is generating the next steps' rollouts then, and every step left needs
+    # it (the first attempt stopped near step STOP_AFTER of TOTAL). Not as soon as it is up:
+    # the resume's first weight push forms the transfer group right then, and a member killed
+    # while it forms holds the formation for its 60 s timeout.
     since = log_size(log_file)
     second = start("resume", run_dir, cwd=root)
     ready = wait_for_log(log_file, r"rollout engines ready: pids \[(\d+)\]", second, since)
+    wait_for_log(log_file, r"DEBUG step \d+:", second, ready.end())
     engine_pid = int(ready.group(1))
     os.kill(engine_pid, signal.SIGKILL)
     second_code, second_out = finish(second)
@@ -248,13 +251,17 @@ def test_ui_serves_the_run_to_a_real_browser(grpo_run, chromium):
         start_new_session=True,
     )
     try:
-        address = ui.stdout.readline().strip().rsplit(" ", 1)[-1]
-        assert address == f"http://127.0.0.1:{port}"
+        runs_url = ui.stdout.readline().strip().rsplit(" ", 1)[-1]
         run_url = ui.stdout.readline().strip().rsplit(" ", 1)[-1]
+        address = f"http://127.0.0.1:{port}"
         _wait_healthy(address, ui)
         record = RunRecord(grpo_run["run_dir"])
-        page = f"{address}/#/experiments/{record.run.info.experiment_id}/runs/{record.run_id}"
-        assert run_url == page
+        # The address to open is the training-runs view of the run's experiment (MLflow's
+        # bare address shows its home page, an experiment's own page its overview).
+        runs_view = f"{address}/#/experiments/{record.run.info.experiment_id}/runs"
+        assert runs_url == runs_view
+        assert run_url == f"{runs_view}/{record.run_id}"
+        assert "e2e-grpo" in _rendered_dom(chromium, runs_url)  # listed there
         dom = _rendered_dom(chromium, run_url)
         assert "e2e-grpo" in dom
         assert "reward/mean" in dom

@@ -1,5 +1,5 @@
-"""One owner per run folder: a second `mtprun` process on a locked folder exits 2 naming the
-holder; a SIGKILLed holder leaves nothing that blocks the next process."""
+"""One owner per run folder: `mtprun` in a second process (the test's) on a locked folder
+exits 2 naming the holder; a SIGKILLed holder leaves nothing that blocks the next process."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from mtprun.cli import main
 from mtprun.runner.run.lock import RunFolderLocked, RunLock
 from mtprun.runner.run.run_dir import RunDir
 
-from .cli_run import ENV, MTPRUN
+from .cli_run import ENV
 
 _HOLD = (
     "import sys; from pathlib import Path; from mtprun.runner.run.lock import RunLock; "
@@ -44,13 +44,9 @@ def holder(tmp_path):
     proc.wait()
 
 
-def _mtprun(*args: str | Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*MTPRUN, *map(str, args)], env=ENV, capture_output=True, text=True, timeout=120
-    )
-
-
-def test_a_second_process_exits_2_naming_the_holder(holder, tmp_path):
+def test_a_second_process_exits_2_naming_the_holder(holder, tmp_path, capsys):
+    # The commands run in this process, a second one beside the holder (a subprocess each
+    # would pay the CLI's imports four times for the same check).
     root, proc = holder
     recipe = tmp_path / "r.yaml"
     recipe.write_text(
@@ -60,10 +56,11 @@ def test_a_second_process_exits_2_naming_the_holder(holder, tmp_path):
     holder_text = f"pid {proc.pid} on host {socket.gethostname()}"
     commands = (("resume", root), ("run", recipe), ("run", recipe, "--resume"), ("sync", root))
     for args in commands:
-        done = _mtprun(*args)
-        assert done.returncode == 2, done.stderr
-        assert "in use by another mtprun process" in done.stderr
-        assert holder_text in done.stderr and "Traceback" not in done.stderr
+        code = main([str(arg) for arg in args])  # an exception here is the traceback
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert "in use by another mtprun process" in err
+        assert holder_text in err and "Traceback" not in err
     assert json.loads((root / ".lock").read_text())["pid"] == proc.pid  # the loser wrote nothing
 
 

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import tempfile
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import ray
@@ -81,16 +78,6 @@ def test_a_member_that_never_joins_fails_the_formation_and_the_next_generation_f
     member.join(timeout=120)
     assert member.exitcode == 0
     _assert_equal(torch.load(out), sent)
-
-
-@pytest.fixture
-def local_ray():
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    temp = Path(tempfile.mkdtemp(prefix="wt", dir="/tmp"))  # Ray's sockets need a short path
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _engine_weights(pool) -> dict[str, torch.Tensor]:

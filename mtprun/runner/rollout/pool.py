@@ -87,7 +87,13 @@ class RolloutPool:
         """Ask every engine whether it lives; restart (and resync) the dead ones. True when
         one was restarted."""
         restarts = self.restarts
-        self._on_engines("pid", {i: () for i in range(len(self.actors))})
+        pids = self._on_engines("pid", {i: () for i in range(len(self.actors))})
+        for i, pid in pids.items():
+            # Ray restarted it before any call of ours failed on it (it died while a weight-
+            # transfer formation waited for it): a new process on the stage's initial weights.
+            if pid != self.pids[i]:
+                log.warning("rollout engine %d (pid %s) died; Ray restarted it", i, self.pids[i])
+                self._recover(i)
         return self.restarts > restarts
 
     def _result(self, i: int, ref: Any, method: str, args: tuple) -> Any:

@@ -37,6 +37,15 @@ class MlflowServer:
         self.uri = f"http://{host}:{self.port}"
         self.proc: subprocess.Popen | None = None
 
+    def runs_view(self, experiment_id: str) -> str:
+        """The UI's address of an experiment's training runs (MLflow 3's "Training runs" tab;
+        the bare server address opens MLflow's home page instead)."""
+        return f"{self.uri}/#/experiments/{experiment_id}/runs"
+
+    def run_page(self, experiment_id: str, run_id: str) -> str:
+        """The UI's address of one run of an experiment."""
+        return f"{self.runs_view(experiment_id)}/{run_id}"
+
     def start(self, timeout_s: float = 180.0) -> None:
         """Start the server and return once it answers /health; raises RuntimeError (with the
         end of its log) when it exits or does not answer within `timeout_s`."""
