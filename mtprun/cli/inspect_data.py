@@ -108,16 +108,20 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
     for label, data in sft_sections:
         if data is None:
             continue
-        renderer = renderer_for(data.template, model_path)
+        renderer = renderer_for(data.template, model_path, data.renderer)
         loaded = load_conversations(data, recipe.seed)
-        samples = [Sample(renderer.render(loaded[i])) for i in range(min(n, len(loaded)))]
+        samples = [
+            Sample(sequence)
+            for i in range(min(n, len(loaded)))
+            for sequence in renderer.render_training(loaded[i])
+        ]
         errors = loaded.errors if isinstance(loaded, ConversationDataset) else []
         source = data.source if isinstance(data.source, str) else data.source.path
         title = f"{label}: {source} (SFT, template {data.template})"
         yield Source(title, renderer, samples, [str(e) for e in errors])
     if recipe.task is not None:
         task_section = recipe.task
-        renderer = renderer_for(task_section.template, model_path)
+        renderer = renderer_for(task_section.template, model_path, task_section.renderer)
         task = task_for(task_section, recipe.seed)
         reward = load_reward(task_section.reward) if task_section.reward else None
         environment = (

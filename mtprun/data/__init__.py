@@ -2,7 +2,9 @@
 
     tokenizer.build_tokenizer(template)         char-level tokenizer + chat template
     render.Renderer(tokenizer).render(msgs)     ids + per-token role + is_sampled
-    render.renderer_for(template, model_path)   the renderer a recipe section uses
+    render.renderer_for(template, path, choice) the renderer a recipe section uses
+    render.Renderer.render_training(msgs)       SFT sequences: each turn as the newest
+    templates.family.FamilyTemplate             labels from a `renderers` model family
     templates.model_template.ModelTemplate      labels from a model's own chat template
     mask.token_mask(seq, policy)                sampled | all | roles table
     trajectory.TrajectoryBuilder                RL: prompt + sampled + inserted segments

@@ -36,13 +36,19 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Message:
+    """One chat message; `reasoning_content` is an assistant's thinking (the text a reasoning
+    template prints inside `<think>...</think>`), empty when it has none."""
+
     role: Role
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning_content: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The Hugging Face / OpenAI chat-message form that `apply_chat_template` takes."""
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning_content:
+            out["reasoning_content"] = self.reasoning_content
         if self.tool_calls:
             out["tool_calls"] = [
                 {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -73,7 +79,8 @@ class Prompt:
 def parse_conversation(record: Any) -> Conversation:
     """Validate one record: `{"messages": [...]}` or a bare list of messages.
 
-    Each message is `{"role", "content", "tool_calls"?}`; a tool call is
+    Each message is `{"role", "content", "tool_calls"?, "reasoning_content"?}` (reasoning:
+    an assistant's thinking, a string); a tool call is
     `{"name", "arguments"}` or the OpenAI form `{"type": "function", "function": {...}}`,
     with arguments a JSON object or a string holding one. Raises ConversationError.
     """
@@ -104,7 +111,13 @@ def _parse_message(index: int, raw: Any) -> Message:
         raise ConversationError(f"{where}: only assistant messages carry tool_calls, not {role}")
     if not isinstance(calls, Sequence) or isinstance(calls, str):
         raise ConversationError(f"{where}: tool_calls must be a list")
-    return Message(role, content, tuple(_parse_tool_call(where, c) for c in calls))
+    reasoning = raw.get("reasoning_content") or ""
+    if not isinstance(reasoning, str):
+        raise ConversationError(f"{where}: reasoning_content must be a string")
+    if reasoning and role != "assistant":
+        raise ConversationError(f"{where}: only assistant messages carry reasoning_content")
+    calls = tuple(_parse_tool_call(where, c) for c in calls)
+    return Message(role, content, calls, reasoning)
 
 
 def _parse_tool_call(where: str, raw: Any) -> ToolCall:

@@ -3,25 +3,29 @@ sampled it.
 
 For the template families in `mtprun.data.templates` the format knows which pieces the model
 emits (its content, tool-call markup, and its stop token, also where the template files that
-token under the next message). Any other chat template (a model folder's own) is attributed
-token by token by rendering the conversation incrementally with it
-(`mtprun.data.templates.model_template`): the same labels, derived from the template itself.
+token under the next message). A model family the `renderers` library covers (Qwen3, GLM-4.5,
+...) renders through it (`mtprun.data.templates.family`), its per-token sampled mask giving
+the labels. Any other chat template (a model folder's own) is attributed token by token by
+rendering the conversation incrementally with it (`mtprun.data.templates.model_template`):
+the same labels, derived from the template itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from mtprun.data.messages import ROLES, Message, Role
 from mtprun.data.templates import ChatFormat, chat_format_of_template
-from mtprun.data.templates.model_template import ModelTemplate
+from mtprun.data.templates.family import FamilyTemplate, family_template
+from mtprun.data.templates.model_template import ModelTemplate, TokenLabels
 from mtprun.data.tokenizer import build_tokenizer
 
 ROLE_IDS: dict[Role, int] = {role: i for i, role in enumerate(ROLES)}
@@ -70,20 +74,31 @@ class Renderer:
     """
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, chat_format: ChatFormat | None = None
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        chat_format: ChatFormat | None = None,
+        family: FamilyTemplate | None = None,
     ) -> None:
         """`chat_format` None: the format whose Jinja template the tokenizer carries (as
-        `build_tokenizer` sets it), else the tokenizer's own template, attributed by
-        incremental rendering. Given: render with that format (e.g. chatml with a real Qwen
-        tokenizer, whose own template differs in details); the tokenizer must hold each of its
-        special tokens as one token."""
+        `build_tokenizer` sets it), else `family` (a `renderers` model family), else the
+        tokenizer's own template, attributed by incremental rendering. Given: render with
+        that format (e.g. chatml with a real Qwen tokenizer, whose own template differs in
+        details); the tokenizer must hold each of its special tokens as one token."""
         self.tokenizer = tokenizer
         if chat_format is not None:
             _check_special_tokens(tokenizer, chat_format)
         else:
             chat_format = chat_format_of_template(tokenizer.chat_template)
         self.chat_format = chat_format
-        self.model_template = None if chat_format is not None else ModelTemplate(tokenizer)
+        self.model_template: FamilyTemplate | ModelTemplate | None = None
+        if chat_format is None:
+            self.model_template = family if family is not None else ModelTemplate(tokenizer)
+
+    @property
+    def family(self) -> str | None:
+        """The `renderers` family this renders with (`qwen3`, ...), None for mtprun's own."""
+        template = self.model_template
+        return template.name if isinstance(template, FamilyTemplate) else None
 
     @property
     def fingerprint(self) -> str:
@@ -96,6 +111,7 @@ class Renderer:
             tokenizer.all_special_tokens,
             tokenizer.chat_template,
             self.chat_format.name if self.chat_format is not None else None,
+            repr(self.model_template.config) if self.family is not None else None,
         ]
         return hashlib.sha256(json.dumps(described).encode()).hexdigest()
 
@@ -116,12 +132,7 @@ class Renderer:
         if not messages:
             raise ValueError("render: no messages (an empty conversation has nothing to train)")
         if self.model_template is not None:
-            labels = self.model_template.label(messages, add_generation_prompt)
-            return RenderedSequence(
-                token_ids=torch.tensor(labels.token_ids, dtype=torch.int64),
-                roles=torch.tensor([ROLE_IDS[r] for r in labels.roles], dtype=torch.int8),
-                is_sampled=torch.tensor(labels.sampled, dtype=torch.bool),
-            )
+            return _sequence(self.model_template.label(messages, add_generation_prompt))
         pieces = list(self.chat_format.pieces(messages, add_generation_prompt))
         encoded = self.tokenizer([p.text for p in pieces], add_special_tokens=False)["input_ids"]
         lengths = torch.tensor([len(ids) for ids in encoded])
@@ -133,6 +144,34 @@ class Renderer:
             roles=roles.repeat_interleave(lengths),
             is_sampled=sampled.repeat_interleave(lengths),
         )
+
+    def render_training(self, messages: Sequence[Message]) -> list[RenderedSequence]:
+        """The sequences SFT trains on `messages`: every assistant turn as the model sees it
+        when that turn is the newest.
+
+        One sequence (`render`) where the template renders earlier turns as it rendered them
+        when they were the newest. A template that rewrites history (Qwen3 drops the reasoning
+        of turns before the last user query) trains the conversation's full rendering on the
+        turns it renders unchanged, and each other assistant turn in a sequence of its own,
+        the conversation up to that turn, trained on that turn only.
+        """
+        template = self.model_template
+        if not isinstance(template, FamilyTemplate) or template.is_prefix_stable:
+            return [self.render(messages)]
+        if not messages:
+            raise ValueError("render: no messages (an empty conversation has nothing to train)")
+        full = template.label(messages, add_generation_prompt=False)
+        sampled = list(full.sampled)
+        extra = []
+        for i, message in enumerate(messages[:-1]):
+            if message.role != "assistant":
+                continue
+            newest = template.label(messages[: i + 1], add_generation_prompt=False)
+            if full.token_ids[: len(newest.token_ids)] == newest.token_ids:
+                continue  # rendered in the full conversation as when it was the newest
+            sampled = [s and m != i for s, m in zip(sampled, full.message_indices, strict=True)]
+            extra.append(_only_message(newest, i))
+        return [_sequence(replace(full, sampled=sampled)), *(_sequence(x) for x in extra)]
 
     def continuation(
         self, history: Sequence[Message], new_messages: Sequence[Message]
@@ -162,6 +201,21 @@ class Renderer:
         return self.chat_format.parse_assistant(text)
 
 
+def _sequence(labels: TokenLabels) -> RenderedSequence:
+    return RenderedSequence(
+        token_ids=torch.tensor(labels.token_ids, dtype=torch.int64),
+        roles=torch.tensor([ROLE_IDS[r] for r in labels.roles], dtype=torch.int8),
+        is_sampled=torch.tensor(labels.sampled, dtype=torch.bool),
+    )
+
+
+def _only_message(labels: TokenLabels, index: int) -> TokenLabels:
+    """`labels` with only message `index`'s sampled tokens left sampled."""
+    indices = labels.message_indices or []
+    sampled = [s and m == index for s, m in zip(labels.sampled, indices, strict=True)]
+    return replace(labels, sampled=sampled)
+
+
 def _check_special_tokens(tokenizer: PreTrainedTokenizerBase, chat_format: ChatFormat) -> None:
     missing = [
         token
@@ -176,13 +230,29 @@ def _check_special_tokens(tokenizer: PreTrainedTokenizerBase, chat_format: ChatF
         )
 
 
-def renderer_for(template: str, model_path: str | None = None) -> Renderer:
+RendererChoice = str | Mapping[str, object]
+"""A recipe's `renderer:` setting: `auto`, `none`, a `renderers` family name, or a table
+`{name: <family>, <option>: <value>}` (see `mtprun.data.templates.family`)."""
+
+
+def renderer_for(
+    template: str, model_path: str | None = None, renderer: RendererChoice = "auto"
+) -> Renderer:
     """The renderer of a recipe section: for a tiny model, the char-level tokenizer of
-    `template`; for an HF model folder, the folder's own tokenizer and chat template, as the
-    runner renders it."""
+    `template`; for an HF model folder, `folder_renderer`, as the runner renders it."""
     if model_path is None:
         return Renderer(build_tokenizer(template))
+    return folder_renderer(model_path, renderer)
+
+
+def folder_renderer(model_dir: str | Path, renderer: RendererChoice = "auto") -> Renderer:
+    """The renderer of a model folder (the runner's saved folder or an HF checkpoint): its
+    own tokenizer, rendering through the `renderers` family that `renderer` selects (see
+    `mtprun.data.templates.family`), else with the folder's own chat template."""
     # Imported here: the auto classes pull in most of transformers (seconds).
     from transformers import AutoTokenizer
 
-    return Renderer(AutoTokenizer.from_pretrained(model_path))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if chat_format_of_template(tokenizer.chat_template) is not None:
+        return Renderer(tokenizer)  # one of mtprun's own (tiny) templates
+    return Renderer(tokenizer, family=family_template(tokenizer, renderer, model_dir))

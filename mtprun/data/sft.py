@@ -91,7 +91,11 @@ class PackedSft(Sequence[PackedBatch]):
             raise IndexError(f"packed row {row} of {len(self)}")
         row %= len(self)
         members = self._kept[self._starts[row] : self._starts[row + 1]]
-        sequences = [self._renderer.render(self._conversations[int(i)]) for i in members]
+        sequences = [
+            sequence
+            for i in members
+            for sequence in self._renderer.render_training(self._conversations[int(i)])
+        ]
         pad = self._renderer.tokenizer.pad_token_id
         (batch,) = pack(sequences, self._mask, self._packing_length, pad_id=pad)
         return batch
@@ -136,12 +140,12 @@ def _cached_token_counts(
 
 
 def _token_counts(conversations: Sequence[Conversation], renderer: Renderer) -> np.ndarray:
-    """Each conversation's rendered length; a log line every 15 s while a large dataset is
-    counted (a million conversations take minutes)."""
+    """Each conversation's rendered length (all its training sequences); a log line every
+    15 s while a large dataset is counted (a million conversations take minutes)."""
     counts = np.empty(len(conversations), dtype=np.int64)
     last = time.monotonic()
     for i, conversation in enumerate(conversations):
-        counts[i] = len(renderer.render(conversation))
+        counts[i] = sum(len(s) for s in renderer.render_training(conversation))
         if time.monotonic() - last > _PROGRESS_EVERY_S:
             done = f"{i + 1} of {len(conversations)}"
             log.info("SFT data: %s conversations rendered to count their tokens", done)

@@ -79,6 +79,43 @@ class DatasetSpec(Section):
         return min(int(self.heldout), rows)
 
 
+RENDERER_DESCRIPTION = (
+    "How an HF model folder's conversations become tokens: `auto` (the `renderers` library's "
+    "renderer of the folder's model family, from its config.json, when it reproduces the "
+    "folder's chat template; else mtprun's own attribution), a `renderers` family name "
+    "(qwen3, glm-4.5, deepseek-v3, llama-3, ...), a table {name: <family>, <option>: <value>} "
+    "such as {name: qwen3, enable_thinking: false}, or `none` (mtprun's own attribution of "
+    "the folder's chat template). Tiny models render with `template`."
+)
+
+
+def check_renderer(value: Any) -> Any:
+    """A `renderer:` setting names `auto`, `none` or a `renderers` family, with that family's
+    options only (a field validator; the library's own configs say what each family takes)."""
+    from pydantic import ValidationError
+    from renderers.configs import _CONFIG_BY_NAME  # the library's family -> config map
+
+    # `default` is the library's opaque apply_chat_template renderer, with no sampled mask:
+    # mtprun's own attribution (`none`) is what labels such a template.
+    families = sorted(set(_CONFIG_BY_NAME) - {"auto", "default"})
+    if isinstance(value, str) and value in ("auto", "none"):
+        return value
+    options = {"name": value} if isinstance(value, str) else value
+    if not isinstance(options, dict) or not isinstance(options.get("name"), str):
+        raise ValueError(
+            "renderer must be `auto`, `none`, a family name or a table {name: <family>, ...}"
+        )
+    name = options["name"]
+    if name not in families:
+        raise ValueError(f"unknown renderer {name!r}; known: auto, none, {', '.join(families)}")
+    try:
+        _CONFIG_BY_NAME[name](**{k: v for k, v in options.items() if k != "name"})
+    except ValidationError as err:
+        details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"renderer {name!r}: {details}") from None
+    return value
+
+
 def path_shorthand(value: Any) -> Any:
     """`prompts: file.parquet` is `prompts: {path: file.parquet}` (a field validator)."""
     return {"path": value} if isinstance(value, str) else value
@@ -98,6 +135,9 @@ class DataSection(Section):
         description="Chat template: char (the tiny character-level one), chatml (Qwen style) "
         "or glm (GLM style, the stop token is the next message's opening tag).",
     )
+    renderer: str | dict[str, Any] = Field("auto", description=RENDERER_DESCRIPTION)
+    _renderer = field_validator("renderer")(check_renderer)
+
     packing_length: int = Field(
         512, ge=1, description="Tokens per packed row; conversations are packed back to back."
     )
@@ -139,6 +179,7 @@ class TaskSection(Section):
     )
     reward_workers: int = Field(2, ge=1, description="Processes that score episodes in parallel.")
     template: Template = Field("char", description="Chat template used to render prompts.")
+    renderer: str | dict[str, Any] = Field("auto", description=RENDERER_DESCRIPTION)
     samples_per_prompt: int = Field(8, ge=1, description="Rollouts per prompt (the GRPO group).")
     prompts_per_step: int = Field(8, ge=1, description="Prompts per optimizer step.")
     max_turns: int = Field(
@@ -169,6 +210,7 @@ class TaskSection(Section):
     )
 
     _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
+    _renderer = field_validator("renderer")(check_renderer)
 
     @field_validator("reward_on_error")
     @classmethod

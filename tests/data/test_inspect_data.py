@@ -15,6 +15,8 @@ from mtprun.cli import main
 from mtprun.cli.inspect_data import TRAINED_STYLE
 from mtprun.data.tokenizer import build_tokenizer
 
+from .qwen3_folder import write_qwen3_folder
+
 RECIPE = """\
 name: inspect
 seed: {seed}
@@ -117,6 +119,17 @@ def test_a_data_file_without_good_records_is_a_clear_error(tmp_path, capsys) -> 
     assert f"no usable record in {data}" in err and f"{data}:1: empty conversation" in err
 
 
+def inspect_folder(tmp_path: Path, data: str, capsys) -> str:
+    """`inspect-data -n 1` of an SFT recipe on the model folder `tmp_path/model`: its output."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"name: folder\nmodel: {{path: model}}\ndata: {data}\nlosses: [{{kind: ce}}]\n"
+        "mask: sampled\n"
+    )
+    assert main(["inspect-data", str(recipe), "-n", "1"]) == 0
+    return capsys.readouterr().out
+
+
 def test_model_folder_with_its_own_template_shows_exact_labels(tmp_path, capsys) -> None:
     model = tmp_path / "model"
     tokenizer = build_tokenizer("glm")
@@ -125,13 +138,22 @@ def test_model_folder_with_its_own_template_shows_exact_labels(tmp_path, capsys)
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
     tokenizer.save_pretrained(model)
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(
-        "name: folder\nmodel: {path: model}\n"
-        "data: {source: arithmetic, template: glm}\nlosses: [{kind: ce}]\nmask: sampled\n"
-    )
-    assert main(["inspect-data", str(recipe), "-n", "1"]) == 0
-    out = capsys.readouterr().out
+    out = inspect_folder(tmp_path, "{source: arithmetic, template: glm}", capsys)
     # The assistant's tag is its generation prompt: every assistant token but that one trains.
     counts = re.search(r"^assistant\s+(\d+)\s+(\d+)$", out, flags=re.MULTILINE)
     assert counts is not None and int(counts[1]) == int(counts[2]) + 1, out
+
+
+def test_a_qwen3_folder_with_reasoning_is_rendered_not_refused(tmp_path: Path, capsys) -> None:
+    write_qwen3_folder(tmp_path / "model")
+    messages = [
+        {"role": "user", "content": "What is 3*4?"},
+        {"role": "assistant", "content": "12", "reasoning_content": "3*4 is 12."},
+        {"role": "user", "content": "And 5*5?"},
+        {"role": "assistant", "content": "25", "reasoning_content": "5*5 is 25."},
+    ]
+    (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": messages}) + "\n")
+    out = inspect_folder(tmp_path, "{source: chats.jsonl}", capsys)
+    assert "not prefix-stable" not in out
+    # Both turns, each with its reasoning: as the model sees it when it is the newest.
+    assert "5*5 is 25." in out and "3*4 is 12." in out

@@ -149,6 +149,15 @@ def test_error_is_located_at_what_was_written(
     assert located(path) == [f"{path}:{line}" for line in expected]
 
 
+def test_an_unknown_renderer_is_located_at_its_value_with_the_known_ones(
+    write_recipe, located, base_recipe
+) -> None:
+    path = write_recipe(base_recipe + "task:\n  name: arithmetic\n  renderer: qwen9\n")
+    (error,) = located(path)
+    assert error.startswith(f"{path}:12:13: task.renderer: unknown renderer 'qwen9'; known: ")
+    assert "auto, none," in error and "qwen3," in error and "glm-4.5," in error
+
+
 def test_missing_top_level_key_points_at_the_file_start(write_recipe, located) -> None:
     path = write_recipe("model:\n  tiny: {}\ndata: {source: arithmetic}\n")
     assert located(path) == [f"{path}:1:1: missing required key 'name'"]

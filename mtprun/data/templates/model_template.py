@@ -50,11 +50,14 @@ _PROBE_CALL = ToolCall("mtprun_probe", {"argument": "probe value"})
 
 @dataclass(frozen=True)
 class TokenLabels:
-    """A rendered conversation: token ids with, per token, its author and sampled flag."""
+    """A rendered conversation: token ids with, per token, its author and sampled flag, and
+    (where the renderer knows it) the index of the message it renders, -1 for scaffolding
+    outside every message."""
 
     token_ids: list[int]
     roles: list[Role]
     sampled: list[bool]
+    message_indices: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from mtprun.data.batch import PackedBatch
 from mtprun.data.environment import (
@@ -39,7 +39,7 @@ from mtprun.data.environment import (
 )
 from mtprun.data.messages import Conversation
 from mtprun.data.packing import pack
-from mtprun.data.render import RenderedSequence, Renderer
+from mtprun.data.render import RenderedSequence, Renderer, folder_renderer
 from mtprun.data.tasks import Prompt, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
@@ -171,7 +171,7 @@ class EpisodeCollector:
             else self.task.environment
         )
         self.scorer = EpisodeScorer.for_task(recipe.task)
-        self.renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
+        self.renderer = folder_renderer(model_dir, recipe.task.renderer)
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 

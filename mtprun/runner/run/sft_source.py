@@ -12,10 +12,9 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
 
 from mtprun.data.batch import PackedBatch
-from mtprun.data.render import Renderer
+from mtprun.data.render import folder_renderer
 from mtprun.data.sft import PackedSft, load_conversations
 from mtprun.spec import Recipe
 
@@ -30,7 +29,7 @@ class SftSource:
         # Both log the bad rows they skip.
         cache = Path(recipe.run_dir) / "datasets"
         conversations = load_conversations(data, recipe.seed, cache)
-        renderer = Renderer(AutoTokenizer.from_pretrained(model_dir))
+        renderer = folder_renderer(model_dir, data.renderer)
         self.rows = PackedSft(conversations, renderer, recipe.mask, data.packing_length, cache)
         self.seed = recipe.seed
         log.info(

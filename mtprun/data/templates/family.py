@@ -1,0 +1,195 @@
+"""Model families rendered by the `renderers` library (Qwen3, GLM-4.5, DeepSeek, Llama 3, ...):
+token-exact Python renderings of their official chat templates, with the per-token sampled
+mask that mtprun's mask policies read.
+
+A recipe picks the family with `data.renderer` / `task.renderer`:
+
+- `auto` (default): from the model folder's config.json (`architectures`, else
+  `model_type`), mapped to a family below; used only when its rendering of probe
+  conversations equals the folder's own `apply_chat_template` token for token (a fine-tune
+  with an edited template falls back to mtprun's own attribution instead of training on a
+  template it was not given);
+- a family name, or a table `{name: qwen3, enable_thinking: false, ...}` with that family's
+  options (the `renderers` config fields): used as given;
+- `none`: mtprun's own attribution (`model_template.py`).
+
+Roles come from the renderer's per-token message index: scaffolding outside every message
+is the system's before the first message (a tools header) and the assistant's after it (the
+generation prompt), as in mtprun's own attribution.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mtprun.data.messages import Message, Role, ToolCall
+from mtprun.data.templates.model_template import TokenLabels
+
+log = logging.getLogger(__name__)
+
+# A model folder's architecture (or model_type) -> the `renderers` family of its official
+# template. `renderers` resolves families by hub name, which a local folder lacks.
+FAMILY_OF_ARCHITECTURE: dict[str, str] = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3",
+    "Glm4MoeForCausalLM": "glm-4.5",
+    "DeepseekV3ForCausalLM": "deepseek-v3",
+    "GptOssForCausalLM": "gpt-oss",
+}
+FAMILY_OF_MODEL_TYPE: dict[str, str] = {
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3",
+    "glm4_moe": "glm-4.5",
+    "deepseek_v3": "deepseek-v3",
+    "gpt_oss": "gpt-oss",
+}
+
+_PROBES: tuple[tuple[tuple[Message, ...], bool], ...] = (
+    ((Message("user", "mtprun probe question"),), True),
+    (
+        (
+            Message("system", "mtprun probe system"),
+            Message("user", "mtprun probe question"),
+            Message("assistant", "mtprun probe reply", reasoning_content="mtprun probe thought"),
+        ),
+        False,
+    ),
+)
+
+
+def family_of_folder(model_dir: str | Path) -> str | None:
+    """The `renderers` family of a model folder's config.json, None when it maps to none."""
+    config_path = Path(model_dir) / "config.json"
+    if not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    for architecture in config.get("architectures") or ():
+        if architecture in FAMILY_OF_ARCHITECTURE:
+            return FAMILY_OF_ARCHITECTURE[architecture]
+    return FAMILY_OF_MODEL_TYPE.get(config.get("model_type", ""))
+
+
+def renderer_config(choice: str | Mapping[str, Any]) -> Any:
+    """The `renderers` config of a family name or a `{name, option: value}` table."""
+    from renderers.configs import _config_class_for  # the library's name -> config map
+
+    options = {"name": choice} if isinstance(choice, str) else dict(choice)
+    name = options.pop("name")
+    return _config_class_for(name)(**options)
+
+
+class FamilyTemplate:
+    """Per-token labels, stop tokens and response parsing from a `renderers` family renderer;
+    the same interface as `ModelTemplate`."""
+
+    def __init__(self, tokenizer: Any, choice: str | Mapping[str, Any]) -> None:
+        from renderers import create_renderer
+
+        self.tokenizer = tokenizer
+        self.config = renderer_config(choice)
+        try:
+            self.renderer = create_renderer(tokenizer, self.config)
+        except Exception as err:  # the library asserts the family's special tokens exist
+            raise ValueError(
+                f"renderer {self.config.name!r} does not fit the tokenizer of "
+                f"{tokenizer.name_or_path or 'this model'}: {err or type(err).__name__}"
+            ) from err
+        self.stop_token_ids: list[int] = list(self.renderer.get_stop_token_ids())
+
+    @property
+    def name(self) -> str:
+        """The family name (`qwen3`, `glm-4.5`, ...)."""
+        return str(self.config.name)
+
+    @property
+    def is_prefix_stable(self) -> bool:
+        """False when the template rewrites earlier turns once later ones exist (Qwen3 drops
+        the reasoning of turns before the last user query)."""
+        return bool(self.renderer.is_prefix_stable)
+
+    def label(self, messages: Sequence[Message], add_generation_prompt: bool) -> TokenLabels:
+        """Token ids of `messages` with each token's author and sampled flag."""
+        rendered = self.renderer.render(
+            [m.to_dict() for m in messages], add_generation_prompt=add_generation_prompt
+        )
+        if len(rendered.sampled_mask) != len(rendered.token_ids):
+            raise ValueError(f"renderer {self.name!r} gives no sampled mask")
+        return TokenLabels(
+            list(rendered.token_ids),
+            _roles(messages, rendered.message_indices, rendered.sampled_mask),
+            list(rendered.sampled_mask),
+            list(rendered.message_indices),
+        )
+
+    def parse_assistant(self, text: str) -> Message:
+        """The assistant message (content, reasoning, tool calls) behind a generated turn."""
+        parsed = self.renderer.parse_response(self.tokenizer.encode(text, add_special_tokens=False))
+        content, calls = parsed.content or "", []
+        for call in parsed.tool_calls:
+            if call.name and isinstance(call.arguments, dict):
+                calls.append(ToolCall(call.name, call.arguments))
+            else:  # malformed: kept as content, so a reward sees what the model wrote
+                content += call.raw
+        return Message("assistant", content, tuple(calls), parsed.reasoning_content or "")
+
+    def matches_own_template(self) -> bool:
+        """Whether the family renders probe conversations exactly as the tokenizer's own
+        chat template does (ids of its `apply_chat_template` text)."""
+        for messages, add_generation_prompt in _PROBES:
+            dicts = [m.to_dict() for m in messages]
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    dicts, tokenize=False, add_generation_prompt=add_generation_prompt
+                )
+                ours = self.renderer.render(dicts, add_generation_prompt=add_generation_prompt)
+            except Exception:  # a template that refuses the probe: not the family's
+                return False
+            if self.tokenizer.encode(text, add_special_tokens=False) != list(ours.token_ids):
+                return False
+        return True
+
+
+def _roles(
+    messages: Sequence[Message], message_indices: Sequence[int], sampled: Sequence[bool]
+) -> list[Role]:
+    roles: list[Role] = []
+    seen_message = False
+    for index, is_sampled in zip(message_indices, sampled, strict=True):
+        seen_message |= index >= 0
+        if is_sampled:
+            roles.append("assistant")  # a sampled stop is the assistant's, wherever filed
+        elif index >= 0:
+            roles.append(messages[index].role)
+        else:
+            roles.append("assistant" if seen_message else "system")
+    return roles
+
+
+def family_template(
+    tokenizer: Any, choice: str | Mapping[str, Any], model_dir: str | Path | None
+) -> FamilyTemplate | None:
+    """The `renderers` family a recipe's renderer setting selects for this tokenizer, None for
+    mtprun's own attribution (`none`, or `auto` with no known family that reproduces the
+    folder's template)."""
+    if choice == "none":
+        return None
+    if choice != "auto":
+        return FamilyTemplate(tokenizer, choice)
+    family = family_of_folder(model_dir) if model_dir is not None else None
+    if family is None:
+        return None
+    try:
+        template = FamilyTemplate(tokenizer, family)
+    except Exception as err:  # e.g. the tokenizer lacks the family's special tokens
+        log.info("renderer %s does not fit %s (%s): own attribution", family, model_dir, err)
+        return None
+    if not template.matches_own_template():
+        log.info(
+            "renderer %s renders %s's template differently: own attribution", family, model_dir
+        )
+        return None
+    return template
