@@ -1,9 +1,10 @@
 """HF checkpoint tensors <-> Megatron-core tensors for every supported architecture.
 
-hf_to_megatron gives one tensor-parallel rank's shards; megatron_to_hf takes full tensors
-(gather them first with `tp_layout.gather_state_dict`). Each family names the converter
-modules that together cover its tensors (`mtprun.models.family`): the shared decoder trunk
-(`mtprun.models.decoder`), and for MiMo its MTP layers (`mtprun.models.mimo`).
+hf_to_megatron gives one tensor- and expert-parallel rank's shards; megatron_to_hf takes full
+tensors (gather them first: `tp_layout.gather_state_dict`, `ep_layout.gather_state_dict`). Each
+family names the converter modules that together cover its tensors (`mtprun.models.family`):
+the shared decoder trunk (`mtprun.models.decoder`), for MiMo its MTP layers
+(`mtprun.models.mimo`), for MoE families their sparse MLPs (`mtprun.models.moe`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from mtprun.models import tp_layout
+from mtprun.models import ep_layout, tp_layout
 from mtprun.models.family import family_of
 from mtprun.models.shape import ModelShape
 
@@ -55,13 +56,17 @@ def hf_to_megatron(
     tp_rank: int = 0,
     tp_size: int = 1,
     source: str = "the checkpoint",
+    ep_rank: int = 0,
+    ep_size: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """HF-named tensors -> Megatron-named tensors of rank `tp_rank` out of `tp_size`.
+    """HF-named tensors -> Megatron-named tensors of tensor-parallel rank `tp_rank` out of
+    `tp_size` and expert-parallel rank `ep_rank` out of `ep_size`.
 
     Every checkpoint tensor must be used: a leftover means the config and the weights disagree
     (a tied lm_head.weight that some checkpoints store anyway is the one exception).
     """
     shape.check_tp(tp_size)
+    shape.check_ep(ep_size)
     tracked = _Tracked(hf, source)
     full: dict[str, torch.Tensor] = {}
     for converter in _converters(shape):
@@ -72,7 +77,9 @@ def hf_to_megatron(
             f"{source} has tensors that {shape.architecture} with {shape.layers} layers and "
             f"{shape.mtp_layers} MTP layers does not use: {sorted(leftover)[:5]}"
         )
-    return tp_layout.shard_state_dict(full, tp_rank, tp_size)
+    return ep_layout.shard_state_dict(
+        tp_layout.shard_state_dict(full, tp_rank, tp_size), ep_rank, ep_size
+    )
 
 
 def megatron_to_hf(mg: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """The Qwen2-style decoder trunk every family shares, HF <-> Megatron-core GPTModel (local layer
 spec): embedding, decoder layers, final norm, untied output layer. q/k/v biases (Qwen2, MiMo)
-and per-head q/k norms (Qwen3) are mapped when the shape has them.
+and per-head q/k norms (Qwen3) are mapped when the shape has them; the MLP of a layer with
+experts is left to `mtprun.models.moe`.
 
 Megatron fuses q/k/v into one `linear_qkv` laid out per query group
 ([q heads of group g, k_g, v_g] for g = 0..G-1) so that a contiguous split over tensor-parallel
@@ -23,7 +24,6 @@ _LAYER_RENAMES = {
     "input_layernorm.weight": "input_layernorm.weight",
     "post_attention_layernorm.weight": "pre_mlp_layernorm.weight",
     "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
-    "mlp.down_proj.weight": "mlp.linear_fc2.weight",
 }
 # The same, for a shape with per-head q/k norms (megatron-core's `qk_layernorm`).
 _QK_NORM_RENAMES = {
@@ -66,8 +66,11 @@ def split_qkv(
     )
 
 
-def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, shape: ModelShape) -> dict:
-    """One decoder layer: HF tensors under `hf_prefix` -> Megatron tensors under `mg_prefix`."""
+def layer_to_megatron(
+    hf: Tensors, hf_prefix: str, mg_prefix: str, shape: ModelShape, dense_mlp: bool = True
+) -> dict:
+    """One decoder layer: HF tensors under `hf_prefix` -> Megatron tensors under `mg_prefix`;
+    its MLP too when `dense_mlp` (a mixture-of-experts MLP is `mtprun.models.moe`'s)."""
     out = {mg_prefix + m: hf[hf_prefix + h] for h, m in _renames(shape).items()}
     attn = hf_prefix + "self_attn."
     out[mg_prefix + "self_attention.linear_qkv.weight"] = fuse_qkv(
@@ -77,13 +80,33 @@ def layer_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str, shape: ModelS
         out[mg_prefix + "self_attention.linear_qkv.bias"] = fuse_qkv(
             hf[attn + "q_proj.bias"], hf[attn + "k_proj.bias"], hf[attn + "v_proj.bias"], shape
         )
-    out[mg_prefix + "mlp.linear_fc1.weight"] = torch.cat(
-        [hf[hf_prefix + "mlp.gate_proj.weight"], hf[hf_prefix + "mlp.up_proj.weight"]]
-    )
+    if dense_mlp:
+        out.update(mlp_to_megatron(hf, hf_prefix + "mlp.", mg_prefix + "mlp."))
     return out
 
 
-def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, shape: ModelShape) -> dict:
+def mlp_to_megatron(hf: Tensors, hf_prefix: str, mg_prefix: str) -> dict:
+    """A SwiGLU MLP: gate/up/down projections -> linear_fc1 ([gate; up]) and linear_fc2."""
+    gate_up = [hf[hf_prefix + "gate_proj.weight"], hf[hf_prefix + "up_proj.weight"]]
+    return {
+        mg_prefix + "linear_fc1.weight": torch.cat(gate_up),
+        mg_prefix + "linear_fc2.weight": hf[hf_prefix + "down_proj.weight"],
+    }
+
+
+def mlp_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str) -> dict:
+    """Inverse of mlp_to_megatron."""
+    gate, up = mg[mg_prefix + "linear_fc1.weight"].chunk(2)
+    return {
+        hf_prefix + "gate_proj.weight": gate.contiguous(),
+        hf_prefix + "up_proj.weight": up.contiguous(),
+        hf_prefix + "down_proj.weight": mg[mg_prefix + "linear_fc2.weight"],
+    }
+
+
+def layer_to_hf(
+    mg: Tensors, mg_prefix: str, hf_prefix: str, shape: ModelShape, dense_mlp: bool = True
+) -> dict:
     """Inverse of layer_to_megatron."""
     out = {hf_prefix + h: mg[mg_prefix + m] for h, m in _renames(shape).items()}
     attn = hf_prefix + "self_attn."
@@ -92,9 +115,8 @@ def layer_to_hf(mg: Tensors, mg_prefix: str, hf_prefix: str, shape: ModelShape) 
     if shape.qkv_bias:
         qkv_bias = split_qkv(mg[mg_prefix + "self_attention.linear_qkv.bias"], shape)
         out.update(zip((attn + f"{p}_proj.bias" for p in "qkv"), qkv_bias, strict=True))
-    gate, up = mg[mg_prefix + "mlp.linear_fc1.weight"].chunk(2)
-    out[hf_prefix + "mlp.gate_proj.weight"] = gate.contiguous()
-    out[hf_prefix + "mlp.up_proj.weight"] = up.contiguous()
+    if dense_mlp:
+        out.update(mlp_to_hf(mg, mg_prefix + "mlp.", hf_prefix + "mlp."))
     return out
 
 
@@ -113,7 +135,8 @@ def to_megatron(hf: Tensors, shape: ModelShape) -> dict:
     """Embedding, decoder layers, final norm and (untied) output layer."""
     out = {m: hf[h] for h, m in _outside_layers(shape).items()}
     for i in range(shape.layers):
-        out.update(layer_to_megatron(hf, f"model.layers.{i}.", f"decoder.layers.{i}.", shape))
+        hf_layer, mg_layer = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out.update(layer_to_megatron(hf, hf_layer, mg_layer, shape, not shape.is_moe_layer(i)))
     return out
 
 
@@ -121,5 +144,6 @@ def to_hf(mg: Tensors, shape: ModelShape) -> dict:
     """Inverse of to_megatron."""
     out = {h: mg[m] for h, m in _outside_layers(shape).items()}
     for i in range(shape.layers):
-        out.update(layer_to_hf(mg, f"decoder.layers.{i}.", f"model.layers.{i}.", shape))
+        hf_layer, mg_layer = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out.update(layer_to_hf(mg, mg_layer, hf_layer, shape, not shape.is_moe_layer(i)))
     return out

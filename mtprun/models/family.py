@@ -1,11 +1,12 @@
 """Model families: one `Family` each, and the registry every list of architectures comes from.
 
-A family says which HF `architectures` entry it reads, what it adds to the `ModelShape`
-(q/k/v biases, per-head q/k norms, MTP layers; the Megatron-core layer-spec options follow
-from those, `ModelShape.megatron_layer_options`), which modules map its tensors HF <->
-Megatron both ways (`converters`: every family's tp layout is `mtprun.models.tp_layout`'s, by
-tensor name; q/k norms are per head, so replicated), the vLLM architecture that serves its
-export, and the transformers config class its tiny builder (`mtprun.models.tiny`) draws from.
+A family says which HF `architectures` entry it reads, what it adds to the `ModelShape` (q/k/v
+biases, per-head q/k norms, MTP layers, a mixture-of-experts MLP; the Megatron-core layer-spec
+options follow from those, `ModelShape.megatron_layer_options`), which modules map its tensors
+HF <-> Megatron both ways (`converters`: every family's tp layout is
+`mtprun.models.tp_layout`'s, by tensor name; q/k norms are per head, so replicated), the vLLM
+architecture that serves its export, and the transformers config class its tiny builder
+(`mtprun.models.tiny`) draws from.
 
 `FAMILIES` is the only list: the supported architectures, the `model.tiny.architecture` names
 and the conversion dispatch are derived from it. A new family is one entry appended here (and
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from mtprun.models.expert_shape import ExpertShape, qwen3_moe_experts
 
 # The Qwen2-style decoder trunk (embedding, layers, final norm, output layer): every family's.
 DECODER = "mtprun.models.decoder"
@@ -32,6 +35,8 @@ class Family:
     qkv_bias: Callable[[Mapping[str, Any]], bool]  # whether a config.json's model has them
     qk_norm: bool = False  # RMSNorm over each query / key head before RoPE
     mtp: bool = False  # MiMo-style MTP layers (`num_nextn_predict_layers`)
+    # Its mixture-of-experts MLP as a config.json declares it; None: a dense model.
+    experts: Callable[[Mapping[str, Any]], ExpertShape] | None = None
     converters: tuple[str, ...] = (DECODER,)  # modules with to_megatron / to_hf, in order
     tiny: str | None = None  # its `model.tiny.architecture` name; None: no tiny builder
     tiny_config: str = "Qwen2Config"  # the transformers config class its tiny builder uses
@@ -64,6 +69,17 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=True,
         tiny="qwen3",
         tiny_config="Qwen3Config",
+    ),
+    # Qwen3 attention with a mixture-of-experts MLP (softmax top-k router, no shared expert).
+    Family(
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeForCausalLM",
+        qkv_bias=_attention_bias,
+        qk_norm=True,
+        experts=qwen3_moe_experts,
+        converters=(DECODER, "mtprun.models.moe"),
+        tiny="qwen3_moe",
+        tiny_config="Qwen3MoeConfig",
     ),
 )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtprun.models.expert_shape import ExpertShape
 from mtprun.models.family import SUPPORTED_ARCHITECTURES, TINY_ARCHITECTURES, family_of
 
 if TYPE_CHECKING:
@@ -43,20 +44,6 @@ HF_CONFIG_KEYS = {
 _DEFAULT_RMS_NORM_EPS = 1e-6
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_MAX_SEQ_LEN = 2048
-
-
-@dataclass(frozen=True)
-class ExpertShape:
-    """A mixture-of-experts MLP (no supported family has one yet; issue 24's families fill it).
-
-    Layers below `dense_layers` keep the dense MLP of the core's `intermediate` width.
-    """
-
-    count: int  # routed experts per layer
-    top_k: int  # experts each token is routed to
-    intermediate: int  # one expert's FFN width
-    shared_intermediate: int = 0  # the always-on shared expert's width; 0: none
-    dense_layers: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,6 +114,7 @@ class ModelShape:
             ),
             max_seq_len=int(config.get(key["max_seq_len"]) or _DEFAULT_MAX_SEQ_LEN),
             architecture=arch,
+            experts=family.experts(config) if family and family.experts else None,
             config_path=source,
         )
 
@@ -170,7 +158,12 @@ class ModelShape:
             qkv_bias=family.qkv_bias({}),  # a tiny config leaves `attention_bias` unset
             qk_norm=family.qk_norm,
             architecture=family.architecture,
+            experts=_tiny_experts(tiny) if family.experts else None,
         )
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) has a mixture-of-experts MLP."""
+        return self.experts is not None and self.experts.is_moe_layer(index)
 
     def megatron_layer_options(self) -> dict[str, Any]:
         """Keyword options of megatron-core's `get_gpt_layer_local_spec` (and the same-named
@@ -186,3 +179,24 @@ class ModelShape:
                     f"parallel.tp={tp} does not divide the model's {HF_CONFIG_KEYS[field]}={n}; "
                     "choose a tp that divides it (for a tiny model, change model.tiny accordingly)"
                 )
+
+    def check_ep(self, ep: int) -> None:
+        """Raise a clear error when this model's experts cannot be split over `ep` ranks."""
+        if ep == 1:
+            return
+        if self.experts is None:
+            raise ValueError(
+                f"parallel.ep={ep} splits the experts of a mixture-of-experts model, and this "
+                "model has none; set parallel.ep: 1"
+            )
+        if self.experts.count % ep:
+            raise ValueError(
+                f"parallel.ep={ep} does not divide the model's {self.experts.count} experts; "
+                "choose an ep that divides them"
+            )
+
+
+def _tiny_experts(tiny: TinyModel) -> ExpertShape:
+    """The experts `mtprun.models.tiny` builds: Qwen3-MoE's router (top-k renormalised)."""
+    moe = tiny.experts
+    return ExpertShape(count=moe.count, top_k=moe.top_k, intermediate=moe.intermediate)

@@ -1,5 +1,5 @@
-"""Tiny random-init HF checkpoints of every family with a tiny builder (Qwen2, Qwen3, or
-MiMo = Qwen2 + MTP layers), built locally.
+"""Tiny random-init HF checkpoints of every family with a tiny builder (Qwen2, Qwen3,
+Qwen3-MoE, or MiMo = Qwen2 + MTP layers), built locally.
 
 The folder holds config.json, model.safetensors and the tokenizer, and loads in transformers
 (`AutoModelForCausalLM`) and in vLLM. The family (`mtprun.models.family`) names the
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import (
     AutoModelForCausalLM,
     PretrainedConfig,
@@ -61,6 +61,13 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Pretrain
     if getattr(config, "head_dim", None) is not None:  # explicit (Qwen3's defaults to 128)
         config.head_dim = spec.head_dim
     config.architectures = [family.architecture]
+    if family.experts:
+        config.num_experts = spec.experts.count
+        config.num_experts_per_tok = spec.experts.top_k
+        config.moe_intermediate_size = spec.experts.intermediate
+        config.norm_topk_prob = True  # as the released Qwen3-MoE checkpoints
+        config.decoder_sparse_step = 1
+        config.mlp_only_layers = []
     if family.mtp:
         config.num_nextn_predict_layers = spec.mtp_layers
     return config
@@ -98,11 +105,16 @@ def build_tiny_model(
     config = tiny_config(spec, tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    tensors = {n: t.detach().contiguous() for n, t in model.state_dict().items()}
-    if config.tie_word_embeddings:
-        del tensors["lm_head.weight"]  # stored once, as the embedding
-    tensors.update(random_mtp_layers(config, spec.mtp_layers))
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    # transformers writes its checkpoint layout (per-expert MoE tensors, a tied output layer
+    # stored once as the embedding), which is what vLLM and mtprun read.
+    model.save_pretrained(out_dir)
+    (out_dir / "generation_config.json").unlink(missing_ok=True)  # sampling is the recipe's
+    if spec.mtp_layers:
+        weights = out_dir / "model.safetensors"
+        tensors = {**load_file(str(weights)), **random_mtp_layers(config, spec.mtp_layers)}
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+    # save_pretrained names the transformers class it saved (Qwen2 for MiMo): name the family.
+    config.architectures = [family_of(TINY_ARCHITECTURES[spec.architecture]).architecture]
     config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

@@ -18,14 +18,23 @@ VLLM_CPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 
 VOCAB_MULTIPLE = 128
 
 
+class TinyExperts(Section):
+    """The mixture-of-experts MLP of a tiny MoE model (every layer sparse)."""
+
+    count: int = Field(4, ge=1, description="Routed experts per layer.")
+    top_k: int = Field(2, ge=1, description="Experts each token is routed to.")
+    intermediate: int = Field(64, ge=1, description="One expert's MLP intermediate size.")
+
+
 class TinyModel(Section):
     """A small random-init model built locally (no hub download)."""
 
-    architecture: Literal["qwen2", "qwen3", "mimo"] = Field(
+    architecture: Literal["qwen2", "qwen3", "qwen3_moe", "mimo"] = Field(
         "qwen2",
         description="qwen2: a Qwen2 decoder; qwen3: a Qwen3 decoder (per-head q/k norms, no "
-        "q/k/v biases); mimo: Qwen2 plus MiMo-style MTP layers (needed for MTP losses and MTP "
-        "speculative decoding).",
+        "q/k/v biases); qwen3_moe: Qwen3 attention with a mixture-of-experts MLP (`experts`); "
+        "mimo: Qwen2 plus MiMo-style MTP layers (needed for MTP losses and MTP speculative "
+        "decoding).",
     )
     hidden: int = Field(128, ge=1, description="Hidden size.")
     layers: int = Field(2, ge=1, description="Number of decoder layers.")
@@ -48,6 +57,17 @@ class TinyModel(Section):
     )
     tie_embeddings: bool = Field(False, description="Share the input embedding and output layer.")
     max_seq_len: int = Field(512, ge=1, description="Maximum sequence length (positions).")
+    experts: TinyExperts | None = Field(
+        None,
+        description="The experts of a mixture-of-experts architecture (qwen3_moe only); null "
+        "there takes the defaults.",
+    )
+
+    @model_validator(mode="after")
+    def _experts_default(self) -> TinyModel:
+        if self.architecture == "qwen3_moe" and self.experts is None:
+            self.experts = TinyExperts()
+        return self
 
     @property
     def head_dim(self) -> int:

@@ -12,6 +12,13 @@ class ParallelSection(Section):
     pp: int = Field(1, ge=1, description="Pipeline parallel size.")
     cp: int = Field(1, ge=1, description="Context parallel size (splits each sequence).")
     dp: int = Field(1, ge=1, description="Data parallel size.")
+    ep: int = Field(
+        1,
+        ge=1,
+        description="Expert parallel size (mixture-of-experts models): each group of ep "
+        "data-parallel ranks splits every layer's experts among them. It divides dp and the "
+        "experts, and adds no processes.",
+    )
 
     @property
     def world_size(self) -> int:

@@ -206,6 +206,17 @@ def _tiny_model_shape(r: RecipeSections) -> Iterator[Issue]:
             (*where, "mtp_layers"),
             f"MTP layers need architecture 'mimo', not '{tiny.architecture}'",
         )
+    if tiny.experts is not None and tiny.architecture != "qwen3_moe":
+        yield Issue(
+            (*where, "experts"),
+            f"experts need a mixture-of-experts architecture (qwen3_moe), not "
+            f"'{tiny.architecture}'; drop model.tiny.experts or set architecture: qwen3_moe",
+        )
+    elif tiny.experts is not None and tiny.experts.top_k > tiny.experts.count:
+        yield Issue(
+            (*where, "experts", "top_k"),
+            f"top_k {tiny.experts.top_k} is more than the {tiny.experts.count} experts",
+        )
 
 
 @rule("rollout", "task")
@@ -237,6 +248,17 @@ def _world_size_matches(r: RecipeSections) -> Iterator[Issue]:
         yield Issue(
             ("resources", "world_size"),
             f"world_size {world} != tp*pp*cp*dp = {p.tp}*{p.pp}*{p.cp}*{p.dp} = {p.world_size}",
+        )
+
+
+@rule("parallel")
+def _ep_divides_dp(r: RecipeSections) -> Iterator[Issue]:
+    p = r.parallel
+    if p.dp % p.ep:
+        yield Issue(
+            ("parallel", "ep"),
+            f"ep {p.ep} does not divide dp {p.dp}: expert parallelism splits the experts among "
+            f"groups of ep data-parallel ranks; choose an ep that divides dp (or raise dp)",
         )
 
 

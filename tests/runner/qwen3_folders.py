@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, PreTrainedTokenizerBase, Qwen3ForCausalLM
+from transformers import AutoConfig, PreTrainedTokenizerBase, Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
 from mtprun.models import build_tiny_model
-from mtprun.spec.model import TinyModel
+from mtprun.spec.model import TinyExperts, TinyModel
 
 from .conftest import TINY
 
@@ -35,4 +35,26 @@ def build_qwen3_folder(
         del tensors["lm_head.weight"]
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config.save_pretrained(folder)
+    return folder
+
+
+def build_qwen3_moe_folder(tokenizer: PreTrainedTokenizerBase, out_dir: Path, seed: int) -> Path:
+    """A random-init Qwen3-MoE of hidden 64: layer 0 dense (`mlp_only_layers`), layer 1 with 4
+    experts of width 32, top-2 renormalised; norms drawn around 1, the router at a scale where
+    tokens spread over the experts."""
+    experts = TinyExperts(count=4, top_k=2, intermediate=32)
+    spec = TinyModel(architecture="qwen3_moe", experts=experts, **TINY)
+    folder = build_tiny_model(spec, tokenizer, out_dir, seed=seed)
+    config = AutoConfig.from_pretrained(folder)
+    config.mlp_only_layers = [0]
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "norm" in name:
+                tensor.copy_(1.0 + 0.2 * torch.randn_like(tensor))
+            elif name.endswith("mlp.gate.weight"):
+                tensor.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    (folder / "generation_config.json").unlink(missing_ok=True)
     return folder

@@ -1,6 +1,6 @@
 """Shims that let Megatron-core run on a CPU-only machine (gloo backend, CPU tensors).
 
-Megatron-core assumes CUDA in five places that the trainer reaches on CPU:
+Megatron-core assumes CUDA in seven places that the trainer reaches on CPU:
 - `torch.cuda.current_device()` is used as a device argument when tensors are created;
   returning "cpu" makes those tensors CPU tensors.
 - the pipeline schedule's shape exchange calls `torch.cuda.synchronize()` after its
@@ -11,10 +11,18 @@ Megatron-core assumes CUDA in five places that the trainer reaches on CPU:
   context manager that needs no CUDA state.
 - activation recomputation (`trainer.recompute: selective`) saves and restores the CUDA RNG
   state around each recomputed module; a CPU has none (the CPU state is still kept).
+- the MoE all-to-all token dispatcher copies its split sizes to the host on a side CUDA
+  stream; on a CPU there is one stream, so `torch.cuda.Stream()` and `current_stream()` are
+  one object whose waits are no-ops, and `torch.cuda.stream(...)` enters nothing.
+- that copy also turns the split sizes into numpy arrays, which the all-to-all takes as
+  lists of ints; a tensor already on the CPU is left a tensor, which it refuses: the shim
+  converts those too.
 All are applied only when no GPU is present, so GPU runs use Megatron unchanged.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -39,7 +47,36 @@ def apply_cpu_shims() -> None:
 
     random._get_cuda_rng_state = lambda *args, **kwargs: None
     random._set_cuda_rng_state = lambda *args, **kwargs: None
+    torch.cuda.Stream = lambda *args, **kwargs: _ONE_STREAM
+    torch.cuda.current_stream = lambda device=None: _ONE_STREAM
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    from megatron.core.transformer.moe import token_dispatcher
+
+    token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
     _applied = True
+
+
+def _host_copy(tensor, as_numpy: bool = False, record_stream: bool = False):
+    """megatron-core's `maybe_move_tensor_to_cpu` for tensors that are on the CPU already."""
+    if as_numpy and torch.is_tensor(tensor):
+        return tensor.numpy()
+    return tensor
+
+
+class _OneStream:
+    """The CPU's one stream: everything on it is already ordered."""
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self) -> _OneStream:
+        return self  # an event whose synchronize() has nothing to wait for
+
+
+_ONE_STREAM = _OneStream()
 
 
 class _TorchOnCpu:

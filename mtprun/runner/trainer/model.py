@@ -13,8 +13,9 @@ of the others (`context_parallel`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,7 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionBlock
 from megatron.core.transformer.spec_utils import ModuleSpec, build_module
+from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
 from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
 
@@ -32,6 +34,7 @@ from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_te
 from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
 from mtprun.runner.trainer.context_parallel import TokenShard
+from mtprun.runner.trainer.experts import GroupedExperts
 
 Recompute = Literal["none", "selective", "full"]
 
@@ -42,6 +45,7 @@ def transformer_config(
     recompute: Recompute = "none",
     dtype: torch.dtype = torch.float32,
     fused: bool = False,
+    moe: MoEOptions | None = None,
 ) -> TransformerConfig:
     """Megatron config for a Qwen2-style decoder split into `pp` pipeline stages, with
     `dtype` weights, and the layer options of the shape's family (q/k norms); fusions that need
@@ -58,6 +62,8 @@ def transformer_config(
     recomputing it would save little. So are the norms: megatron-core 0.16's output-discarding
     checkpoint needs Transformer Engine. `full` is applied by the model's layer loop
     (`PolicyModel._run_layers`).
+
+    A mixture-of-experts shape adds megatron-core's MoE options (`moe_config_options`).
     """
     selective = recompute == "selective"
     config = TransformerConfig(
@@ -98,11 +104,56 @@ def transformer_config(
         recompute_granularity="selective" if selective else None,
         recompute_modules=["mlp"] if selective else None,
         **shape.megatron_layer_options(),
+        **moe_config_options(shape, moe or MoEOptions()),
     )
     # Shapes go first: packed micro batches differ in length. Set after construction because
     # the config's check of MoE token dispatchers refuses it even for a model without experts.
     config.variable_seq_lengths = True
     return config
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """How the trainer runs a mixture-of-experts model: `ep` expert-parallel ranks, and the
+    router's trunk losses (load-balancing `aux_loss_coef`, router `z_loss_coef`; 0: off)."""
+
+    ep: int = 1
+    aux_loss_coef: float = 0.0
+    z_loss_coef: float = 0.0
+
+
+def moe_config_options(shape: ModelShape, moe: MoEOptions) -> dict[str, Any]:
+    """megatron-core's TransformerConfig fields for `shape.experts` (none for a dense shape).
+
+    The router maps onto megatron-core's TopKRouter: softmax scores renormalised over the
+    top k equal a softmax over the top-k logits (`moe_router_pre_softmax` off); without
+    renormalisation the softmax runs over every expert first. Sigmoid scores with a
+    correction bias are its `moe_router_enable_expert_bias` (the bias only chooses, and the
+    trainer never updates it: it is the checkpoint's). Tokens move with the all-to-all
+    dispatcher; the experts are `GroupedExperts`. Routing runs in float32.
+    """
+    experts = shape.experts
+    if experts is None:
+        return {}
+    return {
+        "num_moe_experts": experts.count,
+        "moe_router_topk": experts.top_k,
+        "moe_ffn_hidden_size": experts.intermediate,
+        "moe_router_score_function": experts.score,
+        "moe_router_pre_softmax": experts.score == "softmax" and not experts.normalize_top_k,
+        "moe_router_topk_scaling_factor": experts.scaling if experts.scaling != 1.0 else None,
+        "moe_router_num_groups": experts.groups if experts.groups > 1 else None,
+        "moe_router_group_topk": experts.group_top_k if experts.groups > 1 else None,
+        "moe_router_enable_expert_bias": experts.score_bias,
+        "moe_router_bias_update_rate": 0.0,
+        "moe_shared_expert_intermediate_size": experts.shared_intermediate or None,
+        "moe_token_dispatcher_type": "alltoall",
+        "moe_router_load_balancing_type": "aux_loss" if moe.aux_loss_coef else "none",
+        "moe_aux_loss_coeff": moe.aux_loss_coef,
+        "moe_z_loss_coeff": moe.z_loss_coef or None,
+        "moe_router_dtype": "fp32",
+        "expert_model_parallel_size": moe.ep,
+    }
 
 
 class MiMoMTPLayer(torch.nn.Module):
@@ -150,12 +201,13 @@ class PolicyModel(GPTModel):
         recompute: Recompute = "none",
         dtype: torch.dtype = torch.float32,
         fused: bool = False,
+        moe: MoEOptions | None = None,
     ) -> None:
         stage = stage or PipelineStage(0, 1, shape.layers)
-        config = transformer_config(shape, stage.size, recompute, dtype, fused)
+        config = transformer_config(shape, stage.size, recompute, dtype, fused, moe)
         super().__init__(
             config=config,
-            transformer_layer_spec=decoder_layer_spec(**shape.megatron_layer_options()),
+            transformer_layer_spec=stage_layer_specs(shape, stage),
             vocab_size=shape.vocab,
             max_sequence_length=shape.max_seq_len,
             pre_process=stage.first,
@@ -319,14 +371,31 @@ class SwiGLUActivation(torch.nn.Module):
         return self.swiglu(fc1_out)
 
 
-def decoder_layer_spec(qk_layernorm: bool = False) -> ModuleSpec:
+def decoder_layer_spec(qk_layernorm: bool = False, experts: int | None = None) -> ModuleSpec:
     """Megatron-core's local transformer layer, with per-head q/k RMSNorms if `qk_layernorm`
     (`ModelShape.megatron_layer_options`), its core attention packed (flash-class on CUDA) and
-    context-parallel, its MLP activation a kernel where the config asks for one."""
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=qk_layernorm)
+    context-parallel; its MLP dense, with the activation a kernel where the config asks for
+    one, or with `experts` a megatron-core MoE layer whose routed experts are
+    `GroupedExperts`."""
+    spec = get_gpt_layer_local_spec(
+        num_experts=experts, normalization="RMSNorm", qk_layernorm=qk_layernorm
+    )
     spec.submodules.self_attention.submodules.core_attention = PackedAttention
-    spec.submodules.mlp.submodules.activation_func = SwiGLUActivation
+    if experts is None:
+        spec.submodules.mlp.submodules.activation_func = SwiGLUActivation
+    else:
+        spec.submodules.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
     return spec
+
+
+def stage_layer_specs(shape: ModelShape, stage: PipelineStage) -> TransformerBlockSubmodules:
+    """The layer spec of each decoder layer of `stage`: sparse layers (`shape.is_moe_layer`)
+    carry the experts, dense ones the dense MLP."""
+    qk = shape.megatron_layer_options()["qk_layernorm"]
+    count = shape.experts.count if shape.experts else None
+    layers = range(stage.layer_offset, stage.layer_offset + stage.layers_per_stage)
+    specs = [decoder_layer_spec(qk, count if shape.is_moe_layer(i) else None) for i in layers]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=LayerNormImpl)
 
 
 _QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
@@ -374,14 +443,17 @@ def load_policy_model(
     stage: PipelineStage | None = None,
     recompute: Recompute = "none",
     dtype: torch.dtype = torch.float32,
+    ep: tuple[int, int] = (0, 1),
+    moe: MoEOptions | None = None,
 ) -> PolicyModel:
     """The HF folder's model as a PolicyModel on `device` with `dtype` weights, holding this
-    TP rank's shards of pipeline `stage` (None: the whole model), with `recompute` (see
-    transformer_config) and the fusions of a CUDA device."""
+    TP rank's shards of pipeline `stage` (None: the whole model) and expert-parallel rank
+    `ep` = (rank, size)'s experts, with `recompute` (see transformer_config), `moe`'s router
+    losses and the fusions of a CUDA device."""
     fused = torch.device(device).type == "cuda"
-    model = PolicyModel(shape, stage, recompute, dtype, fused).to(device=device, dtype=dtype)
+    model = PolicyModel(shape, stage, recompute, dtype, fused, moe).to(device=device, dtype=dtype)
     weights = hf_to_megatron(
-        read_hf_weights(model_dir), shape, tp_rank, tp_size, source=str(model_dir)
+        read_hf_weights(model_dir), shape, tp_rank, tp_size, str(model_dir), *ep
     )
     load_megatron_weights(model, stage_tensors(weights, shape, model.stage))
     return model

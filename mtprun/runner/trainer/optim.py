@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mtprun.models import ep_layout
 from mtprun.models.tp_layout import split_of
 from mtprun.spec.trainer import TrainerSection
 
@@ -20,11 +21,13 @@ NamedParams = list[tuple[str, torch.nn.Parameter]]
 @dataclass(frozen=True)
 class NormScope:
     """Where the pieces of the whole model's gradient norm live: tensor-parallel shards are
-    summed over `tp`, pipeline stages over `pp` (None: this process alone), and the tensors
-    named in `copies` are counted on another stage (a tied output layer's copy)."""
+    summed over `tp`, the routed experts over `ep` (each rank holds some), pipeline stages over
+    `pp` (None: this process alone), and the tensors named in `copies` are counted on another
+    stage (a tied output layer's copy)."""
 
     tp: dist.ProcessGroup | None = None
     pp: dist.ProcessGroup | None = None
+    ep: dist.ProcessGroup | None = None
     copies: frozenset[str] = frozenset()
 
 
@@ -103,22 +106,27 @@ def build_scheduler(
 
 def global_grad_norm(named_params: NamedParams, scope: NormScope) -> torch.Tensor:
     """L2 norm of all gradients of the full (unsharded, unsplit) model: squares of
-    tensor-parallel shards are summed over the TP group, replicated tensors are counted once,
-    and the stages' sums are added over the pipeline group."""
+    tensor-parallel shards are summed over the TP group, those of the routed experts over the
+    expert-parallel group, replicated tensors are counted once, and the stages' sums are added
+    over the pipeline group."""
     # On the parameters' device: NCCL reduces device tensors only.
     device = named_params[0][1].device if named_params else torch.device("cpu")
     sharded = torch.zeros((), dtype=torch.float64, device=device)
     replicated = torch.zeros((), dtype=torch.float64, device=device)
+    experts = torch.zeros((), dtype=torch.float64, device=device)
     for name, p in named_params:
         if p.grad is None or name in scope.copies:
             continue
         square = p.grad.detach().double().pow(2).sum()
-        if split_of(name) == "replicated":
+        if scope.ep is not None and ep_layout.is_expert(name):
+            experts += square
+        elif split_of(name) == "replicated":
             replicated += square
         else:
             sharded += square
     _sum_over(sharded, scope.tp)
-    total = sharded + replicated
+    _sum_over(experts, scope.ep)
+    total = sharded + replicated + experts
     _sum_over(total, scope.pp)
     return total.sqrt()
 

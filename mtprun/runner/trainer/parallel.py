@@ -22,8 +22,9 @@ def init_parallel(
 ) -> None:
     """Join the trainer's process group and set up Megatron's TP/PP/CP/DP groups.
 
-    parallel: the recipe's `parallel` section (tp, pp, cp, dp); tp*pp*cp*dp must equal
-    world_size. backend: None picks gloo on CPU and nccl on GPU.
+    parallel: the recipe's `parallel` section (tp, pp, cp, dp, ep); tp*pp*cp*dp must equal
+    world_size, and ep (expert parallelism) divides dp: each group of ep data-parallel ranks
+    splits the experts. backend: None picks gloo on CPU and nccl on GPU.
     """
     sizes = {k: int(getattr(parallel, k)) for k in ("tp", "pp", "cp", "dp")}
     product = sizes["tp"] * sizes["pp"] * sizes["cp"] * sizes["dp"]
@@ -32,6 +33,9 @@ def init_parallel(
             f"parallel: tp*pp*cp*dp = {product} ({sizes}) but the trainer has {world_size} "
             "processes; make the product equal the number of trainer processes"
         )
+    ep = int(getattr(parallel, "ep", 1))
+    if sizes["dp"] % ep:
+        raise ValueError(f"parallel.ep={ep} does not divide parallel.dp={sizes['dp']}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
     apply_cpu_shims()
@@ -51,6 +55,7 @@ def init_parallel(
         tensor_model_parallel_size=sizes["tp"],
         pipeline_model_parallel_size=sizes["pp"],
         context_parallel_size=sizes["cp"],
+        expert_model_parallel_size=ep,
         # The distributed optimizer gathers its state for checkpoints over gloo groups.
         create_gloo_process_groups=True,
     )

@@ -26,7 +26,7 @@ from megatron.core import parallel_state
 from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
-from mtprun.models import ModelShape, megatron_to_hf
+from mtprun.models import ModelShape, ep_layout, megatron_to_hf
 from mtprun.models.pp_layout import (
     PipelineStage,
     copies_mtp_embedding,
@@ -39,7 +39,12 @@ from mtprun.runner.net import free_port
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
-from mtprun.runner.trainer.model import MTP_PREFIX, load_policy_model, sum_qk_norm_grads
+from mtprun.runner.trainer.model import (
+    MTP_PREFIX,
+    MoEOptions,
+    load_policy_model,
+    sum_qk_norm_grads,
+)
 from mtprun.runner.trainer.optim import NormScope, build_groups
 from mtprun.runner.trainer.parallel import init_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
@@ -93,6 +98,9 @@ class Trainer:
             self.shape.layers,
         )
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
+        self.ep_size = parallel_state.get_expert_model_parallel_world_size()
+        ep = (parallel_state.get_expert_model_parallel_rank(), self.ep_size)
+        self.shape.check_ep(self.ep_size)
         mtp = plan.term("mtp")
         separate = {"mtp": MTP_PREFIX} if mtp is not None and mtp.separate_optimizer else None
         # bf16 weights with Megatron's DDP and optimizer where they can run (see
@@ -108,6 +116,8 @@ class Trainer:
             self.stage,
             recipe.trainer.recompute,
             weights,
+            ep=ep,
+            moe=moe_options(recipe),
         )
         distill = plan.term("distill")
         self.teacher = (
@@ -122,6 +132,7 @@ class Trainer:
         self._norm_scope = NormScope(
             tp=self.tp_group,
             pp=parallel_state.get_pipeline_model_parallel_group() if self.stage.size > 1 else None,
+            ep=parallel_state.get_expert_model_parallel_group() if self.ep_size > 1 else None,
             copies=copies,
         )
         self.step = 0
@@ -198,6 +209,9 @@ class Trainer:
         and HF export. Every process of the model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
         full = gather_state_dict(local, self.tp_size, self.tp_group)
+        if self.ep_size > 1:
+            group = parallel_state.get_expert_model_parallel_group()
+            full = ep_layout.gather_state_dict(full, self.ep_size, group)
         full = global_tensors(full, self.shape, self.stage)
         if self.stage.size > 1:
             parts: list[Any] = [None] * self.stage.size
@@ -355,12 +369,19 @@ class Trainer:
         dist.broadcast(weight, group=parallel_state.get_embedding_group(), group_src=0)
 
     def _sum_data_parallel_grads(self) -> None:
-        """Replicas and context-parallel ranks each hold part of the step's gradient."""
+        """Replicas and context-parallel ranks each hold part of the step's gradient; an
+        expert-parallel rank's experts are replicated only over the ranks holding the same
+        experts (megatron-core's expert-data-parallel group)."""
         if self.dp_size * self.cp_size == 1:
             return
         group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-        for p in self.model.parameters():
-            if p.grad is not None:
+        experts = parallel_state.get_expert_data_parallel_group() if self.ep_size > 1 else None
+        for name, p in self.model.named_parameters():
+            if p.grad is None:
+                continue
+            if experts is not None and ep_layout.is_expert(name):
+                dist.all_reduce(p.grad, group=experts)
+            else:
                 dist.all_reduce(p.grad, group=group)
 
     def _sum_over_data_parallel(self, values: list[Any], with_context: bool = False) -> list[Any]:
@@ -384,6 +405,16 @@ class Trainer:
             return local
         group = parallel_state.get_context_parallel_group()
         return gather_row(local.to(self.device), shard, group)
+
+
+def moe_options(recipe: Recipe) -> MoEOptions:
+    """The recipe's expert parallelism and router trunk-loss coefficients."""
+    coefs = {t.kind: t.weight for t in recipe.losses if t.kind in ("router_aux", "router_z")}
+    return MoEOptions(
+        ep=recipe.parallel.ep,
+        aux_loss_coef=coefs.get("router_aux", 0.0),
+        z_loss_coef=coefs.get("router_z", 0.0),
+    )
 
 
 def _trained_sequences(batch: PackedBatch) -> int:

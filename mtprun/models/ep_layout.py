@@ -1,0 +1,42 @@
+"""How the routed experts' tensors are split over expert-parallel ranks, and back.
+
+Rank r of `ep` holds experts [r E/ep, (r + 1) E/ep) of every sparse layer: dim 0 of
+`experts.weight1` / `experts.weight2` (`mtprun.models.moe`). Every other tensor (attention,
+router, shared expert, dense layers) is the same on each expert-parallel rank: those ranks
+are data-parallel replicas for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+_EXPERTS = ("mlp.experts.weight1", "mlp.experts.weight2")
+
+
+def is_expert(name: str) -> bool:
+    """Whether `name` is a routed-experts tensor (split over expert-parallel ranks)."""
+    return name.endswith(_EXPERTS)
+
+
+def shard_state_dict(full: Mapping[str, torch.Tensor], rank: int, ep: int) -> dict:
+    """This rank's experts of every routed-experts tensor; the rest unchanged."""
+    return {
+        name: t.chunk(ep)[rank].contiguous() if ep > 1 and is_expert(name) else t
+        for name, t in full.items()
+    }
+
+
+def gather_state_dict(
+    local: Mapping[str, torch.Tensor], ep: int, group: torch.distributed.ProcessGroup | None
+) -> dict:
+    """Every expert of each routed-experts tensor, all-gathered over `group` in rank order;
+    the rest unchanged (inverse of `shard_state_dict`)."""
+    full = dict(local)
+    for name, t in local.items():
+        if ep > 1 and is_expert(name):
+            parts = [torch.empty_like(t) for _ in range(ep)]
+            torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
+            full[name] = torch.cat(parts)
+    return full

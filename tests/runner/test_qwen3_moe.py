@@ -1,0 +1,142 @@
+"""Qwen3-MoE (q/k norms, a softmax top-k router over experts, some layers dense) through
+conversion, the trainer against transformers, export, and expert parallelism against one
+process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from mtprun.compiler import compile_recipe
+from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
+from mtprun.models.expert_shape import ExpertShape
+from mtprun.runner.net import free_port
+from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.trainer.trainer import Trainer
+from mtprun.spec.parallel import ParallelSection
+
+from .conftest import make_recipe, random_packed_batch
+from .qwen3_folders import build_qwen3_moe_folder
+
+ADAMW = {"optimizer": "adamw", "lr": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory, tokenizer):
+    return build_qwen3_moe_folder(tokenizer, tmp_path_factory.mktemp("qwen3_moe"), seed=0)
+
+
+def _packed_logits(model, batch):
+    lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
+    return torch.cat([model(s[None]).logits[0] for s in batch.input_ids.split(lengths)])
+
+
+def _hf_logprobs(model_dir, batch, dtype=torch.float64):
+    # transformers' default grouped GEMM takes no float64: its loop over experts does.
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, experts_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        logp = _packed_logits(model, batch).log_softmax(-1)
+    want = logp.gather(-1, batch.targets[:, None])[:, 0]
+    return torch.where(batch.loss_mask, want, 0.0).float()
+
+
+def test_shape_reads_the_experts_and_the_dense_layers(moe_dir):
+    shape = ModelShape.from_model_dir(moe_dir)
+    assert shape.architecture == "Qwen3MoeForCausalLM" and shape.qk_norm
+    assert shape.experts == ExpertShape(count=4, top_k=2, intermediate=32, dense_layers=(0,))
+    assert [shape.is_moe_layer(i) for i in range(shape.layers)] == [False, True]
+
+
+def test_converts_both_ways_exactly_and_computes_transformers_logits(megatron_tp1, moe_dir):
+    from mtprun.runner.trainer.model import PolicyModel, load_megatron_weights
+
+    shape = ModelShape.from_model_dir(moe_dir)
+    hf = load_file(moe_dir / "model.safetensors")
+    # Two expert-parallel shards hold two experts each; together they are the checkpoint.
+    shards = [hf_to_megatron(hf, shape, ep_rank=r, ep_size=2) for r in (0, 1)]
+    weight1 = "decoder.layers.1.mlp.experts.weight1"
+    assert shards[1][weight1].shape == (2, 64, 64)
+    full = {
+        n: torch.cat([s[n] for s in shards]) if "experts." in n else t for n, t in shards[0].items()
+    }
+    back = megatron_to_hf(full, shape)
+    assert back.keys() == hf.keys()
+    for name, tensor in hf.items():
+        assert torch.equal(back[name], tensor), name
+
+    model = PolicyModel(shape)
+    load_megatron_weights(model, hf_to_megatron(hf, shape))
+    reference = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    ids = torch.randint(0, shape.vocab, (1, 24), generator=torch.Generator().manual_seed(11))
+    causal = torch.triu(torch.ones(24, 24, dtype=torch.bool), diagonal=1)[None, None]
+    with torch.no_grad():
+        got = model.eval()(ids, torch.arange(24)[None], causal)
+        want = reference(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, moe_dir, tmp_path):
+    recipe = make_recipe(moe_dir, trainer=ADAMW)
+    trainer = Trainer(recipe, moe_dir, compile_recipe(recipe), "cpu")
+    batch = random_packed_batch(trainer.shape.vocab, [11, 17], seed=5)
+    (got,) = trainer.logprobs([batch])
+    torch.testing.assert_close(got, _hf_logprobs(moe_dir, batch), rtol=1e-4, atol=1e-4)
+
+    trainer.train_step([batch, random_packed_batch(trainer.shape.vocab, [9, 6], seed=6)])
+    exported = save_hf_folder(trainer.hf_state_dict(), moe_dir, tmp_path / "export")
+    saved, before = (
+        load_file(exported / "model.safetensors"),
+        load_file(moe_dir / "model.safetensors"),
+    )
+    assert saved.keys() == before.keys()
+    expert = "model.layers.1.mlp.experts.3.down_proj.weight"
+    assert not torch.equal(saved[expert], before[expert])
+    # transformers loads the export and scores the batch as the trained policy does.
+    (trained,) = trainer.logprobs([batch])
+    torch.testing.assert_close(trained, _hf_logprobs(exported, batch), rtol=1e-4, atol=1e-4)
+
+
+def _batches(vocab):
+    return [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
+
+
+def _three_adamw_steps(model_dir, parallel, batch_ids=(0, 1)):
+    recipe = make_recipe(model_dir, parallel=parallel, trainer=ADAMW)
+    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
+    batches = [_batches(trainer.shape.vocab)[i] for i in batch_ids]
+    metrics = [trainer.train_step(batches) for _ in range(3)]
+    return metrics, trainer.hf_state_dict()
+
+
+def _ep_process(rank, port, model_dir, out_path):
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
+
+    layout = ParallelSection(dp=2, ep=2)
+    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
+    result = _three_adamw_steps(model_dir, {"dp": 2, "ep": 2}, batch_ids=[rank])
+    if rank == 0:
+        torch.save(result, out_path)
+    destroy_parallel()
+
+
+@pytest.mark.slow
+def test_ep2_trains_like_one_process(megatron_tp1, moe_dir, tmp_path):
+    """dp=2 with ep=2: each rank holds two of the four experts and trains its own micro batch;
+    the step, its norm and the gathered weights equal one process on both micro batches."""
+    args = (free_port(), moe_dir, tmp_path / "ep2.pt")
+    mp.start_processes(_ep_process, args=args, nprocs=2, start_method="spawn")
+    two, two_weights = torch.load(tmp_path / "ep2.pt")
+    one, one_weights = _three_adamw_steps(moe_dir, {})
+    for step1, step2 in zip(one, two, strict=True):
+        for name in ("loss", "grad_norm"):
+            assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
+    # Gathered in expert order: a misplaced expert would differ by its whole weights; Adam's
+    # division by tiny second moments leaves ~1e-5 between the two reduction orders.
+    assert two_weights.keys() == one_weights.keys()
+    for name, tensor in one_weights.items():
+        torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
