@@ -14,6 +14,12 @@ arguments) and drives it:
 `reset` and `step` may be plain or `async def` methods; the async ones of all episodes of a
 turn run concurrently on one event loop. Subclassing `Environment` is optional: any class
 with these two methods works.
+
+Tools the model may call are shown to it by the chat template, which prints their specs
+(`episode_tools`): the prompt's (its dataset row's `tools` column), else the environment's
+`tools` attribute (a list of OpenAI-style tool specs, see `messages.ToolSpec`). The calls the
+model makes are parsed from its turn (by the model family's `renderers` parser, or the
+template's syntax) into the last message's `tool_calls`, which `step` answers.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from mtprun.data.messages import (
     ConversationError,
     Message,
     Prompt,
+    ToolSpec,
     parse_conversation,
+    parse_tools,
 )
 
 T = TypeVar("T")
@@ -113,6 +121,21 @@ def step_all(envs: Sequence[Any], conversations: Sequence[Conversation]) -> list
     """Each environment's answer to its conversation."""
     results = _run_all([env.step(c) for env, c in zip(envs, conversations, strict=True)])
     return [_checked_step(env, result) for env, result in zip(envs, results, strict=True)]
+
+
+def episode_tools(env: Any, prompt: Prompt) -> tuple[ToolSpec, ...]:
+    """The tool specs the chat template prints for an episode: its prompt's (the dataset
+    row's `tools`), else its environment's `tools` attribute, else none. ValueError for an
+    attribute that is not a list of tool specs."""
+    if prompt.tools:
+        return prompt.tools
+    declared = getattr(env, "tools", None)
+    if declared is None:
+        return ()
+    try:
+        return parse_tools(declared)
+    except ConversationError as err:
+        raise ValueError(f"{_name(env)}.tools is not a list of tool specs: {err}") from err
 
 
 def inserted_messages(step: EnvStep) -> Conversation:

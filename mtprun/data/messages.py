@@ -59,15 +59,24 @@ class Message:
 
 Conversation = tuple[Message, ...]
 
+ToolSpec = dict[str, Any]
+"""A tool the model may call, in the OpenAI function-calling form the chat templates print:
+`{"type": "function", "function": {"name", "description", "parameters"}}` or the flat
+`{"name", "description", "parameters"}`; kept as given (a template prints it verbatim)."""
+
+TOOLS_COLUMN = "tools"  # a dataset row's tool specs, printed by the chat template
+
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt, its reference answer (None when the dataset has none) and its record: every
+    """A prompt, its reference answer (None when the dataset has none), the tools the model
+    may call (the row's `tools` column, printed by the chat template), and its record: every
     column of the dataset row it came from, handed to the reward."""
 
     messages: Conversation
     answer: str | None
     record: Mapping[str, Any] | None = field(default=None, compare=False)
+    tools: tuple[ToolSpec, ...] = field(default=(), hash=False)
 
     def columns(self) -> dict[str, Any]:
         """The record the reward receives (a synthetic prompt's: messages and answer)."""
@@ -92,6 +101,51 @@ def parse_conversation(record: Any) -> Conversation:
     if not messages:
         raise ConversationError("empty conversation: no messages to train on")
     return tuple(_parse_message(i, m) for i, m in enumerate(messages))
+
+
+def parse_tools(value: Any) -> tuple[ToolSpec, ...]:
+    """A record's tool specs (see `ToolSpec`): a list of them, JSON text holding one (csv
+    files), or null / absent for none. Raises ConversationError naming the bad spec."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError as err:
+            raise ConversationError(f"tools: not a JSON list of tool specs: {err.msg}") from None
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise ConversationError(f"tools must be a list of tool specs, got {type(value).__name__}")
+    return tuple(_parse_tool_spec(i, spec) for i, spec in enumerate(value))
+
+
+def _parse_tool_spec(index: int, raw: Any) -> ToolSpec:
+    where = f"tools[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConversationError(f"{where}: a tool spec is an object, got {type(raw).__name__}")
+    function = raw.get("function", raw)
+    if "function" in raw and raw.get("type", "function") != "function":
+        raise ConversationError(f'{where}: type {raw.get("type")!r} (only "function" tools)')
+    if not isinstance(function, Mapping):
+        raise ConversationError(f'{where}: "function" must be an object')
+    name = function.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConversationError(
+            f'{where}: a tool spec needs a string "name" (as {{"type": "function", '
+            '"function": {"name", "description", "parameters"}} or {"name", ...})'
+        )
+    parameters = function.get("parameters", {})
+    if not isinstance(parameters, Mapping):
+        raise ConversationError(f"{where} ({name}): parameters must be a JSON-schema object")
+    return _plain(raw)
+
+
+def _plain(value: Any) -> Any:
+    """`value` as plain dicts and lists (Arrow rows may hold other mappings and sequences)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _parse_message(index: int, raw: Any) -> Message:

@@ -2,7 +2,9 @@
 
 A prompt row has the prompt in a `prompt` column (a string: one user message; or a list of
 messages) or a conversation in a `messages` column, and optionally a reference `answer`
-(a string or a number). Every column of the row is kept as the prompt's record, which the
+(a string or a number), and optionally the tools the model may call in a `tools` column (a
+list of OpenAI-style tool specs, or JSON text holding one: the chat template prints them; see
+`messages.parse_tools`). Every column of the row is kept as the prompt's record, which the
 reward receives. `PromptDataset` keeps only the indices of the good rows; the rows stay in
 the memory-mapped table and are read when a step draws them.
 """
@@ -19,11 +21,14 @@ import numpy as np
 
 from mtprun.data.dataset_files import DataFileError, RecordError, Table, open_table, scan
 from mtprun.data.messages import (
+    TOOLS_COLUMN,
     Conversation,
     ConversationError,
     Message,
     Prompt,
+    ToolSpec,
     parse_conversation,
+    parse_tools,
 )
 
 if TYPE_CHECKING:
@@ -107,6 +112,12 @@ class ConversationDataset(Sequence[Conversation]):
     def __getitem__(self, index: int) -> Conversation:  # type: ignore[override]
         return self._parse(self.table.record(int(self.rows[index])))
 
+    def example(self, index: int) -> tuple[Conversation, tuple[ToolSpec, ...]]:
+        """Conversation `index` and its tool specs (its row's `tools` column; none without),
+        which the chat template prints before it."""
+        record = self.table.record(int(self.rows[index]))
+        return self._parse(record), parse_tools(record.get(TOOLS_COLUMN))
+
     def where(self, index: int, reason: str) -> RecordError:
         """The error of conversation `index`, located in its file."""
         return self.table.where(int(self.rows[index]), reason)
@@ -133,9 +144,8 @@ def _read_columns(columns: ColumnMap, table: Table) -> list[str] | None:
                 "name the dataset's columns with columns: {prompt: NAME} or {messages: NAME}, "
                 "and {answer: NAME}"
             )
-    return [
-        c for c in (columns.prompt, columns.messages, columns.answer, "prompt", "messages") if c
-    ]
+    read = (columns.prompt, columns.messages, columns.answer, "prompt", "messages", TOOLS_COLUMN)
+    return [c for c in read if c]
 
 
 def _prompt_column(columns: ColumnMap, names: list[str] | dict[str, Any]) -> tuple[str, bool]:
@@ -154,7 +164,8 @@ def _prompt_parser(columns: ColumnMap, names: list[str]) -> Any:
     def parse(record: dict[str, Any]) -> Prompt:
         column, is_conversation = _prompt_column(columns, names or record)
         messages = _messages(record, column, is_conversation)
-        return Prompt(messages, _answer(record, columns.answer), record)
+        tools = parse_tools(record.get(TOOLS_COLUMN))
+        return Prompt(messages, _answer(record, columns.answer), record, tools)
 
     return parse
 
@@ -163,6 +174,7 @@ def _conversation_parser(columns: ColumnMap, names: list[str]) -> Any:
     def parse(record: dict[str, Any]) -> Conversation:
         column, is_conversation = _prompt_column(columns, names or record)
         messages = _messages(record, column, is_conversation)
+        parse_tools(record.get(TOOLS_COLUMN))  # a bad row is reported when scanned
         if is_conversation:
             return messages
         answer = _answer(record, columns.answer)

@@ -8,6 +8,10 @@ token under the next message). A model family the `renderers` library covers (Qw
 the labels. Any other chat template (a model folder's own) is attributed token by token by
 rendering the conversation incrementally with it (`mtprun.data.templates.model_template`):
 the same labels, derived from the template itself.
+
+A conversation's tool specs (`tools`) are printed by the template. In RL the renderer also
+reads generated turns back (`parse_turn`: reasoning, answer, tool calls) and extends an
+episode's tokens turn by turn, token-in, token-out (`next_turn`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from mtprun.data.messages import ROLES, Message, Role
+from mtprun.data.messages import ROLES, Message, Role, ToolSpec
 from mtprun.data.templates import ChatFormat, chat_format_of_template
 from mtprun.data.templates.family import FamilyTemplate, family_template
 from mtprun.data.templates.model_template import ModelTemplate, TokenLabels
+from mtprun.data.templates.reasoning import prompt_opens_reasoning
 from mtprun.data.tokenizer import build_tokenizer
 
 ROLE_IDS: dict[Role, int] = {role: i for i, role in enumerate(ROLES)}
@@ -68,9 +73,9 @@ class RenderedSequence:
 class Renderer:
     """Renders conversations with a tokenizer's chat template.
 
-    Use `render` for SFT records and RL prompts, `continuation` for the tokens the environment
-    inserts between two model turns, `parse_assistant` to read a generated turn back, and
-    `stop_token_ids` for the rollout engine.
+    Use `render` for RL prompts, `render_training` for SFT records, `next_turn` for the
+    tokens the environment inserts between two model turns, `parse_turn` to read a generated
+    turn back, and `stop_token_ids` for the rollout engine.
     """
 
     def __init__(
@@ -123,16 +128,21 @@ class Renderer:
         return self.tokenizer.convert_tokens_to_ids(list(self.chat_format.stop_tokens))
 
     def render(
-        self, messages: Sequence[Message], add_generation_prompt: bool = False
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool = False,
+        tools: Sequence[ToolSpec] = (),
     ) -> RenderedSequence:
         """Token ids of `messages` (the same ids as `apply_chat_template`) with their labels.
 
-        add_generation_prompt appends the assistant's opening (not sampled), as for a prompt.
+        add_generation_prompt appends the assistant's opening (not sampled), as for a prompt;
+        `tools`: the tool specs the template prints (its tools header).
         """
         if not messages:
             raise ValueError("render: no messages (an empty conversation has nothing to train)")
         if self.model_template is not None:
-            return _sequence(self.model_template.label(messages, add_generation_prompt))
+            return _sequence(self.model_template.label(messages, add_generation_prompt, tools))
+        self._check_no_tools(tools)
         pieces = list(self.chat_format.pieces(messages, add_generation_prompt))
         encoded = self.tokenizer([p.text for p in pieces], add_special_tokens=False)["input_ids"]
         lengths = torch.tensor([len(ids) for ids in encoded])
@@ -145,7 +155,9 @@ class Renderer:
             is_sampled=sampled.repeat_interleave(lengths),
         )
 
-    def render_training(self, messages: Sequence[Message]) -> list[RenderedSequence]:
+    def render_training(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = ()
+    ) -> list[RenderedSequence]:
         """The sequences SFT trains on `messages`: every assistant turn as the model sees it
         when that turn is the newest.
 
@@ -157,16 +169,16 @@ class Renderer:
         """
         template = self.model_template
         if not isinstance(template, FamilyTemplate) or template.is_prefix_stable:
-            return [self.render(messages)]
+            return [self.render(messages, tools=tools)]
         if not messages:
             raise ValueError("render: no messages (an empty conversation has nothing to train)")
-        full = template.label(messages, add_generation_prompt=False)
+        full = template.label(messages, add_generation_prompt=False, tools=tools)
         sampled = list(full.sampled)
         extra = []
         for i, message in enumerate(messages[:-1]):
             if message.role != "assistant":
                 continue
-            newest = template.label(messages[: i + 1], add_generation_prompt=False)
+            newest = template.label(messages[: i + 1], add_generation_prompt=False, tools=tools)
             if full.token_ids[: len(newest.token_ids)] == newest.token_ids:
                 continue  # rendered in the full conversation as when it was the newest
             sampled = [s and m != i for s, m in zip(sampled, full.message_indices, strict=True)]
@@ -174,31 +186,105 @@ class Renderer:
         return [_sequence(replace(full, sampled=sampled)), *(_sequence(x) for x in extra)]
 
     def continuation(
-        self, history: Sequence[Message], new_messages: Sequence[Message]
+        self,
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[ToolSpec] = (),
     ) -> RenderedSequence:
         """The tokens to insert after the model's last turn in `history` and before its next
-        turn: `new_messages` (tool results, user replies) and the next generation prompt.
+        turn: `new_messages` (tool results, user replies) and the next generation prompt, as
+        the template renders them after that turn.
 
         Everything up to the model's stop token (the last sampled token of the rendering) is
         already in the trajectory: the engine sampled it.
         """
-        if not history or history[-1].role != "assistant":
-            raise ValueError("continuation: history must end with the assistant's turn")
-        if not new_messages or any(m.role == "assistant" for m in new_messages):
-            raise ValueError(
-                "continuation: new_messages must be non-empty and hold no assistant message "
-                "(the model's turns are sampled, not inserted)"
-            )
-        full = self.render([*history, *new_messages], add_generation_prompt=True)
+        _check_turn("continuation", history, new_messages)
+        full = self.render([*history, *new_messages], add_generation_prompt=True, tools=tools)
         last_sampled = int(full.is_sampled.nonzero().max())
         return full[last_sampled + 1 :]
 
-    def parse_assistant(self, text: str) -> Message:
-        """The assistant message (content and tool calls) behind a generated turn's text;
-        tool calls are read in the template's own syntax."""
-        if self.model_template is not None:
+    def next_turn(
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        history: Sequence[Message],
+        new_messages: Sequence[Message],
+        tools: Sequence[ToolSpec] = (),
+    ) -> RenderedSequence:
+        """The tokens to append to an episode for its next turn, token-in, token-out: the
+        context of the turn the engine just sampled (`prompt_ids`) and that turn
+        (`completion_ids`, whose message ends `history`) stay exactly as they are, followed
+        by `new_messages` (tool results, user replies) and the next generation prompt.
+
+        A `renderers` family extends them with its `bridge_to_next_turn`. Where it declines
+        (Qwen3 at a new user query: its template would drop the earlier turns' reasoning)
+        and with mtprun's own templates, the new messages are rendered as the template
+        renders them after that turn (`continuation`) and appended all the same: history is
+        never rendered again into the episode.
+        """
+        _check_turn("next_turn", history, new_messages)
+        if not completion_ids:
+            raise ValueError("next_turn: the sampled turn has no tokens (not even its stop)")
+        if isinstance(self.model_template, FamilyTemplate):
+            bridged = self.model_template.bridge(prompt_ids, completion_ids, new_messages, tools)
+            if bridged is not None:
+                return _sequence(bridged)
+        return self.continuation(history, new_messages, tools)
+
+    def parse_turn(
+        self,
+        token_ids: Sequence[int],
+        prompt_ids: Sequence[int] = (),
+        tools: Sequence[ToolSpec] = (),
+    ) -> Message:
+        """The assistant message behind a turn the engine generated (`token_ids`, after the
+        context `prompt_ids`): its reasoning, its final answer (the content) and its tool
+        calls. A `renderers` family reads them with its `parse_response` (told the prompt
+        and the `tools`); mtprun's own templates take a leading `<think>...</think>` block as
+        the reasoning and read tool calls in the template's syntax."""
+        if isinstance(self.model_template, FamilyTemplate):
+            return self.model_template.parse_turn(token_ids, prompt_ids, tools)
+        opened = bool(prompt_ids) and prompt_opens_reasoning(
+            self.tokenizer.decode(list(prompt_ids)[-16:])
+        )
+        return self.parse_assistant(self.tokenizer.decode(list(token_ids)), opened)
+
+    def turn_text(self, token_ids: Sequence[int]) -> str:
+        """A generated turn's text as the model wrote it (reasoning block, answer, tool-call
+        markup), without the stop token that ended it."""
+        ids = list(token_ids)
+        stops = set(self.stop_token_ids)
+        while ids and ids[-1] in stops:
+            ids.pop()
+        return self.tokenizer.decode(ids)
+
+    def parse_assistant(self, text: str, opened_reasoning: bool = False) -> Message:
+        """The assistant message (reasoning, content and tool calls) behind a generated
+        turn's text; tool calls are read in the template's own syntax. `opened_reasoning`
+        (mtprun's own templates): the prompt ended with `<think>`."""
+        if isinstance(self.model_template, FamilyTemplate):
             return self.model_template.parse_assistant(text)
-        return self.chat_format.parse_assistant(text)
+        if self.model_template is not None:
+            return self.model_template.parse_assistant(text, opened_reasoning)
+        return self.chat_format.parse_assistant(text, opened_reasoning)
+
+    def _check_no_tools(self, tools: Sequence[ToolSpec]) -> None:
+        if tools:
+            raise ValueError(
+                f"chat template {self.chat_format.name!r} prints no tool specs, and this "
+                f"conversation has {len(tools)} (its `tools`): train with a model folder "
+                "whose chat template (or `renderers` family) prints them, or drop the tools"
+            )
+
+
+def _check_turn(where: str, history: Sequence[Message], new_messages: Sequence[Message]) -> None:
+    if not history or history[-1].role != "assistant":
+        raise ValueError(f"{where}: history must end with the assistant's turn")
+    if not new_messages or any(m.role == "assistant" for m in new_messages):
+        raise ValueError(
+            f"{where}: new_messages must be non-empty and hold no assistant message "
+            "(the model's turns are sampled, not inserted)"
+        )
 
 
 def _sequence(labels: TokenLabels) -> RenderedSequence:

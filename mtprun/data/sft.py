@@ -1,7 +1,8 @@
 """SFT data end to end: a recipe's `data:` section -> conversations -> packed rows.
 
 `PackedSft` keeps what packing needs and no tokens: one token count per conversation, found
-by rendering each once, and where each packed row starts. A row is rendered and packed again
+by rendering each once (with its row's tool specs, which the chat template prints), and
+where each packed row starts. A row is rendered and packed again
 when a step asks for it, so a dataset of a million conversations costs a few arrays of a
 million integers, not its tokens.
 """
@@ -23,7 +24,7 @@ from mtprun.data.mask import MaskPolicy
 from mtprun.data.messages import Conversation
 from mtprun.data.packing import bins, pack
 from mtprun.data.prompts import ConversationDataset
-from mtprun.data.render import Renderer
+from mtprun.data.render import RenderedSequence, Renderer
 from mtprun.data.tasks import TASKS, get_task
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ class PackedSft(Sequence[PackedBatch]):
         sequences = [
             sequence
             for i in members
-            for sequence in self._renderer.render_training(self._conversations[int(i)])
+            for sequence in training_sequences(self._conversations, int(i), self._renderer)
         ]
         pad = self._renderer.tokenizer.pad_token_id
         (batch,) = pack(sequences, self._mask, self._packing_length, pad_id=pad)
@@ -114,6 +115,17 @@ class PackedSft(Sequence[PackedBatch]):
         )
         log.warning("skipping bad record %s", error)
         return error
+
+
+def training_sequences(
+    conversations: Sequence[Conversation], index: int, renderer: Renderer
+) -> list[RenderedSequence]:
+    """What SFT trains on conversation `index` (`Renderer.render_training`), a dataset row's
+    tool specs printed before it."""
+    if isinstance(conversations, ConversationDataset):
+        conversation, tools = conversations.example(index)
+        return renderer.render_training(conversation, tools)
+    return renderer.render_training(conversations[index])
 
 
 _PROGRESS_EVERY_S = 15.0
@@ -144,8 +156,8 @@ def _token_counts(conversations: Sequence[Conversation], renderer: Renderer) -> 
     15 s while a large dataset is counted (a million conversations take minutes)."""
     counts = np.empty(len(conversations), dtype=np.int64)
     last = time.monotonic()
-    for i, conversation in enumerate(conversations):
-        counts[i] = sum(len(s) for s in renderer.render_training(conversation))
+    for i in range(len(conversations)):
+        counts[i] = sum(len(s) for s in training_sequences(conversations, i, renderer))
         if time.monotonic() - last > _PROGRESS_EVERY_S:
             done = f"{i + 1} of {len(conversations)}"
             log.info("SFT data: %s conversations rendered to count their tokens", done)

@@ -5,10 +5,17 @@ Only tokens the rollout engine produced are sampled; everything inserted is not,
 multi-turn agentic trajectory whose tools answer at length is mostly untrained tokens.
 
     builder = TrajectoryBuilder(renderer.render(prompt, add_generation_prompt=True))
+    context = builder.token_ids()
     builder.add_sampled(output.token_ids, output.logprobs)     # ends with the stop token
-    builder.add_inserted(renderer.continuation(history, [tool_message]))
+    builder.add_inserted(
+        renderer.next_turn(context, output.token_ids, history, [tool_message])
+    )
     builder.add_sampled(...)
     trajectory = builder.build()
+
+Token-in, token-out: each turn's context is the tokens already in the trajectory (what the
+engine saw and sampled) plus the new messages' tokens (`Renderer.next_turn`), never a new
+rendering of the conversation.
 """
 
 from __future__ import annotations
@@ -17,7 +24,13 @@ from collections.abc import Sequence
 
 import torch
 
-from mtprun.data.environment import inserted_messages, make_environment, reset_all, step_all
+from mtprun.data.environment import (
+    episode_tools,
+    inserted_messages,
+    make_environment,
+    reset_all,
+    step_all,
+)
 from mtprun.data.messages import Conversation, Prompt
 from mtprun.data.render import ROLE_IDS, RenderedSequence, Renderer
 from mtprun.data.tasks.base import Task
@@ -56,9 +69,13 @@ class TrajectoryBuilder:
         self.num_tokens += n
 
     def add_inserted(self, segment: RenderedSequence) -> None:
-        """Tokens the environment inserts (see `Renderer.continuation`); never sampled."""
+        """Tokens the environment inserts (see `Renderer.next_turn`); never sampled."""
         self._parts.append(_with_zero_logprobs(segment))
         self.num_tokens += len(segment)
+
+    def token_ids(self) -> list[int]:
+        """The token ids so far: the context of the next turn."""
+        return torch.cat([p.token_ids for p in self._parts]).tolist()
 
     def build(self) -> RenderedSequence:
         parts = self._parts
@@ -89,15 +106,19 @@ def expert_rollout(
 ) -> tuple[RenderedSequence, Conversation, float | None]:
     """The runner's rollout loop with the task's scripted expert in place of the engine.
 
-    Each expert turn contributes the tokens a model would emit for it (content, tool-call
-    markup, stop token), with logprob 0 (the expert is deterministic); the environment's
-    messages (`environment`, default the task's own) are inserted with
-    `Renderer.continuation`. Shows what RL trains on before any model exists. Returns the
-    trajectory, the conversation and the environment's reward (None: it gave none).
+    Each expert turn contributes the tokens a model would emit for it (reasoning, content,
+    tool-call markup, stop token), with logprob 0 (the expert is deterministic); the
+    environment's messages (`environment`, default the task's own) are appended with
+    `Renderer.next_turn`, as the runner appends them. The prompt's tools (else the
+    environment's) are printed. Shows what RL trains on before any model exists. Returns
+    the trajectory, the conversation and the environment's reward (None: it gave none).
     """
     env = make_environment(environment or task.environment)
     (conversation,) = reset_all([env], [prompt])
-    builder = TrajectoryBuilder(renderer.render(conversation, add_generation_prompt=True))
+    tools = episode_tools(env, prompt)
+    builder = TrajectoryBuilder(
+        renderer.render(conversation, add_generation_prompt=True, tools=tools)
+    )
     reward = None
     for turn in range(1, max_turns + 1):
         conversation = (*conversation, task.expert_reply(conversation, prompt))
@@ -105,14 +126,22 @@ def expert_rollout(
         reward = reward if result.reward is None else float(result.reward)
         inserted = () if result.done else inserted_messages(result)
         # The turn's stop token may be the next message's opening tag (GLM), so render with
-        # what follows; everything from where the trajectory stands to the last sampled
-        # token is what the model emits.
-        rendered = renderer.render((*conversation, *inserted))
-        end = int(rendered.is_sampled.nonzero().max()) + 1
-        emitted = rendered.token_ids[builder.num_tokens : end].tolist()
+        # what follows; the model emits the rendering's last run of sampled tokens.
+        emitted = _last_sampled_run(renderer.render((*conversation, *inserted), tools=tools))
+        context = builder.token_ids()
         builder.add_sampled(emitted, [0.0] * len(emitted))
         if result.done or turn == max_turns:
             break  # as in the runner: nothing is inserted when no turn is left
-        builder.add_inserted(renderer.continuation(conversation, inserted))
+        builder.add_inserted(renderer.next_turn(context, emitted, conversation, inserted, tools))
         conversation = (*conversation, *inserted)
     return builder.build(), conversation, reward
+
+
+def _last_sampled_run(rendered: RenderedSequence) -> list[int]:
+    """The token ids of the rendering's last run of consecutive sampled tokens."""
+    sampled = rendered.is_sampled.nonzero().flatten().tolist()
+    end = sampled[-1] + 1
+    start = end - 1
+    while start > 0 and rendered.is_sampled[start - 1]:
+        start -= 1
+    return rendered.token_ids[start:end].tolist()

@@ -92,3 +92,51 @@ def test_the_synthetic_tasks_name_the_exact_answer_reward() -> None:
     assert {REWARDS[n] for n in ("addition", "arithmetic", "calculator_tool")} == {
         REWARDS["exact_answer"]
     }
+
+
+THOUGHT = Message("assistant", "3/4", reasoning_content="1/2 is 2/4, plus 1/4.")
+
+
+def test_a_reward_gets_the_answer_without_reasoning_and_the_full_text_by_name() -> None:
+    seen = {}
+
+    def old_style(completion, answer):  # written before reasoning existed: still works
+        seen["old"] = completion
+        return 1.0
+
+    def full(completion, reasoning, raw_completion):
+        seen["full"] = (completion, reasoning, raw_completion)
+        return 0.0
+
+    raw = "<think>\n1/2 is 2/4, plus 1/4.\n</think>\n\n3/4"
+    episode = RewardInput.of(PROMPT, (*PROMPT.messages, THOUGHT), raw_completion=raw)
+    assert call_reward(old_style, episode) == {"total": 1.0}
+    assert call_reward(full, episode) == {"total": 0.0}
+    assert seen == {"old": "3/4", "full": ("3/4", "1/2 is 2/4, plus 1/4.", raw)}
+    assert call_reward(load_reward("math"), episode) == {"total": 1.0}  # the thought ignored
+    assert call_reward(lambda **kwargs: len(kwargs), episode) == {"total": 6.0}
+
+
+def test_without_the_generated_text_the_full_text_is_rebuilt_from_the_message() -> None:
+    assert _episode(THOUGHT).raw_completion == "<think>\n1/2 is 2/4, plus 1/4.\n</think>\n\n3/4"
+    plain = _episode(Message("assistant", "3/4"))
+    assert (plain.completion, plain.reasoning, plain.raw_completion) == ("3/4", "", "3/4")
+    nothing = RewardInput.of(PROMPT, PROMPT.messages)
+    assert (nothing.completion, nothing.reasoning, nothing.raw_completion) == ("", "", "")
+
+
+def test_a_reward_file_may_declare_the_new_arguments(tmp_path) -> None:
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "def score(completion, raw_completion, reasoning=''):\n"
+        "    return float('</think>' in raw_completion and '</think>' not in completion)\n"
+        "def wrong(full_text):\n"
+        "    return 0.0\n"
+    )
+    episode = RewardInput.of(PROMPT, (*PROMPT.messages, THOUGHT), "<think>x</think>3/4")
+    assert call_reward(load_reward(f"{path}:score"), episode) == {"total": 1.0}
+    with pytest.raises(
+        ValueError,
+        match=r"takes 'full_text', which mtprun does not pass.*reasoning, raw_completion by name",
+    ):
+        load_reward(f"{path}:wrong")

@@ -36,6 +36,10 @@ def by_answer(completion, answer):
 async def slow_async(completion, prompt):
     await asyncio.sleep(0.2)
     return float(prompt["level"]) + len(completion)
+
+def thinking(completion, reasoning, raw_completion):
+    return {"total": float(completion == "42"), "reasoned": float(reasoning == "6*7 is 42"),
+            "raw_length": len(raw_completion)}
 '''
 
 
@@ -132,3 +136,18 @@ def test_without_a_reward_an_episode_the_environment_did_not_reward_is_an_error(
     failing = EpisodeScorer(None, workers=1, timeout_s=30, on_error="fail")
     with pytest.raises(RewardFailed, match=r"reward of task\.environment failed on episode 1"):
         failing.score(*_episodes(["42", "41"]), given=[1.0, None])
+
+
+def test_workers_pass_the_answer_without_reasoning_and_the_generated_text(reward_file) -> None:
+    scorer = EpisodeScorer(f"{reward_file}:thinking", workers=1, timeout_s=30, on_error="fail")
+    prompts, _ = _episodes(["42", "42"])
+    reply = Message("assistant", "42", reasoning_content="6*7 is 42")
+    conversations = [(*prompts[0].messages, reply)] * 2
+    raw = "<think>\n6*7 is 42\n</think>\n\n42"
+    try:
+        scores = scorer.score(prompts, conversations, raw_completions=[raw, None])
+    finally:
+        scorer.close()
+    # None: the text rebuilt from the final message (here the same text).
+    expected = {"total": 1.0, "reasoned": 1.0, "raw_length": float(len(raw))}
+    assert [o.components for o in scores.outcomes] == [expected, expected]

@@ -71,12 +71,14 @@ def test_a_reward_module_on_the_python_path_validates(
         (
             "rewards/mine.py:wrong",
             "reward wrong(episode, completion) takes 'episode', which mtprun does not pass; a "
-            "reward takes any of prompt, completion, messages, answer by name (or **kwargs)",
+            "reward takes any of prompt, completion, messages, answer, reasoning, "
+            "raw_completion by name (or **kwargs)",
         ),
         (
             "rewards/mine.py:positional",
             "reward positional(completion, /): parameter 'completion' is positional-only; mtprun "
-            "passes arguments by name (prompt, completion, messages, answer)",
+            "passes arguments by name (prompt, completion, messages, answer, reasoning, "
+            "raw_completion)",
         ),
         ("rewards/mine.py:NOT_A_FUNCTION", "NOT_A_FUNCTION is a int, not a function"),
         (

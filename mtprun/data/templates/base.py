@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mtprun.data.messages import Message, Role
+from mtprun.data.templates.reasoning import split_reasoning
 from mtprun.data.templates.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TaggedJson
 
 __all__ = ["TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "ChatFormat", "Piece"]
@@ -54,12 +55,15 @@ class ChatFormat(ABC):
     def pieces(self, messages: Sequence[Message], add_generation_prompt: bool) -> Iterator[Piece]:
         """The rendering of `messages`, in order; joined, exactly the Jinja template's text."""
 
-    def parse_assistant(self, text: str) -> Message:
+    def parse_assistant(self, text: str, opened_reasoning: bool = False) -> Message:
         """The assistant message behind generated text (stop token stripped or not).
 
-        Tool calls are `<tool_call>{json}</tool_call>` in every shipped family; a call whose
-        JSON does not parse is kept as content, so a reward sees the malformed text.
+        A leading `<think>...</think>` block is the message's reasoning (`reasoning.py`;
+        `opened_reasoning`: the prompt opened it). Tool calls are
+        `<tool_call>{json}</tool_call>` in every shipped family; a call whose JSON does not
+        parse is kept as content, so a reward sees the malformed text.
         """
         for stop in self.stop_tokens:
             text = text.removesuffix(stop)
-        return TaggedJson().parse(text)
+        reasoning, answer = split_reasoning(text, opened_reasoning)
+        return replace(TaggedJson().parse(answer), reasoning_content=reasoning)

@@ -16,6 +16,11 @@ A recipe picks the family with `data.renderer` / `task.renderer`:
 Roles come from the renderer's per-token message index: scaffolding outside every message
 is the system's before the first message (a tools header) and the assistant's after it (the
 generation prompt), as in mtprun's own attribution.
+
+A rollout goes through the family too: its tool specs are printed by `render`, a generated
+turn is read back from its token ids by `parse_response` (reasoning, content and tool calls,
+knowing the prompt it was sampled after), and the next turn's context is the tokens already
+generated extended by `bridge_to_next_turn` (see `Renderer.next_turn`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mtprun.data.messages import Message, Role, ToolCall
+from mtprun.data.messages import Message, Role, ToolCall, ToolSpec
 from mtprun.data.templates.model_template import TokenLabels
 
 log = logging.getLogger(__name__)
@@ -111,10 +116,18 @@ class FamilyTemplate:
         the reasoning of turns before the last user query)."""
         return bool(self.renderer.is_prefix_stable)
 
-    def label(self, messages: Sequence[Message], add_generation_prompt: bool) -> TokenLabels:
-        """Token ids of `messages` with each token's author and sampled flag."""
+    def label(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] = (),
+    ) -> TokenLabels:
+        """Token ids of `messages` (after the `tools` header the family prints) with each
+        token's author and sampled flag."""
         rendered = self.renderer.render(
-            [m.to_dict() for m in messages], add_generation_prompt=add_generation_prompt
+            [m.to_dict() for m in messages],
+            tools=list(tools) or None,
+            add_generation_prompt=add_generation_prompt,
         )
         if len(rendered.sampled_mask) != len(rendered.token_ids):
             raise ValueError(f"renderer {self.name!r} gives no sampled mask")
@@ -125,16 +138,64 @@ class FamilyTemplate:
             list(rendered.message_indices),
         )
 
-    def parse_assistant(self, text: str) -> Message:
-        """The assistant message (content, reasoning, tool calls) behind a generated turn."""
-        parsed = self.renderer.parse_response(self.tokenizer.encode(text, add_special_tokens=False))
+    def bridge(
+        self,
+        prompt_ids: Sequence[int],
+        completion_ids: Sequence[int],
+        new_messages: Sequence[Message],
+        tools: Sequence[ToolSpec] = (),
+    ) -> TokenLabels | None:
+        """The tokens `bridge_to_next_turn` appends to `prompt_ids + completion_ids` (a turn
+        sampled after that prompt) for `new_messages` and the next generation prompt, left
+        unchanged; None where the family declines to bridge (it would rewrite history, e.g.
+        Qwen3 at a new user query) or would change the tokens already there."""
+        previous = [*prompt_ids, *completion_ids]
+        bridged = self.renderer.bridge_to_next_turn(
+            list(prompt_ids),
+            list(completion_ids),
+            [m.to_dict() for m in new_messages],
+            tools=list(tools) or None,
+        )
+        if bridged is None or list(bridged.token_ids[: len(previous)]) != previous:
+            return None
+        indices = list(bridged.message_indices[len(previous) :])
+        return TokenLabels(
+            list(bridged.token_ids[len(previous) :]),
+            # The separator after the turn and the generation prompt are the assistant's.
+            [new_messages[i].role if i >= 0 else "assistant" for i in indices],
+            [False] * len(indices),
+            indices,
+        )
+
+    def parse_turn(
+        self,
+        token_ids: Sequence[int],
+        prompt_ids: Sequence[int] = (),
+        tools: Sequence[ToolSpec] = (),
+    ) -> Message:
+        """The assistant message (content, reasoning, tool calls) behind a generated turn's
+        token ids, read by the family's `parse_response`; `prompt_ids`, the context it was
+        sampled after, tells reasoning the generation prompt opened."""
+        parsed = self.renderer.parse_response(
+            list(token_ids), tools=list(tools) or None, prompt_ids=list(prompt_ids) or None
+        )
         content, calls = parsed.content or "", []
         for call in parsed.tool_calls:
-            if call.name and isinstance(call.arguments, dict):
+            # An unknown tool's call (a family that checks names against `tools`) still
+            # reaches the environment, which answers it as it answers any wrong call.
+            if (
+                call.status in ("ok", "unknown_tool")
+                and call.name
+                and isinstance(call.arguments, dict)
+            ):
                 calls.append(ToolCall(call.name, call.arguments))
             else:  # malformed: kept as content, so a reward sees what the model wrote
                 content += call.raw
         return Message("assistant", content, tuple(calls), parsed.reasoning_content or "")
+
+    def parse_assistant(self, text: str) -> Message:
+        """The assistant message (content, reasoning, tool calls) behind a generated turn."""
+        return self.parse_turn(self.tokenizer.encode(text, add_special_tokens=False))
 
     def matches_own_template(self) -> bool:
         """Whether the family renders probe conversations exactly as the tokenizer's own

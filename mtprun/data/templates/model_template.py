@@ -22,7 +22,11 @@ For a conversation m_0..m_{n-1} rendered to text T and tokenized (the ids of
   token the template prints after an assistant reply, when a user or a tool message follows
   and at the end of the conversation.
 - **Tool calls** are read back with the syntax (`tool_calls.SYNTAXES`) that parses the
-  template's rendering of a probe call into that call.
+  template's rendering of a probe call into that call, after a leading `<think>...</think>`
+  block, which is the turn's reasoning (`reasoning.py`).
+- **Tool specs** (`tools`) go to the template, which prints them (a header before the first
+  message is then the system's, like any preamble); a template that prints no tools is an
+  error when a prompt has some.
 
 A template whose renderings of successive prefixes do not agree (it rewrites earlier
 messages once later ones exist) cannot be attributed and is an error.
@@ -39,7 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mtprun.data.messages import Message, Role, ToolCall
+from mtprun.data.messages import Message, Role, ToolCall, ToolSpec
+from mtprun.data.templates.reasoning import split_reasoning
 from mtprun.data.templates.tool_calls import SYNTAXES, NoToolCalls, ToolCallSyntax
 
 _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -80,16 +85,25 @@ class ModelTemplate:
         self.tokenizer = tokenizer
         self.has_generation_blocks = bool(_GENERATION_BLOCK.search(tokenizer.chat_template))
         self._special_ids = _special_ids(tokenizer)
-        self._preambles: dict[Role, list[int]] = {}
+        self._preambles: dict[tuple[Role, str], list[int]] = {}
+        self._prints_tools: bool | None = None
         self._check_prefix_stable()
         self.stop_token_ids: list[int] = sorted(_eos_ids(tokenizer) | self._turn_ends())
         self._stops = frozenset(self.stop_token_ids)
         self.tool_calls: ToolCallSyntax = self._tool_call_syntax()
 
-    def label(self, messages: Sequence[Message], add_generation_prompt: bool) -> TokenLabels:
+    def label(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[ToolSpec] = (),
+    ) -> TokenLabels:
+        tools = list(tools)
+        if tools:
+            self._check_prints_tools(tools)
         dicts = [m.to_dict() for m in messages]
-        full = self._encode(self._render(dicts, add_generation_prompt))
-        bounds = self._message_bounds(messages, dicts, full, add_generation_prompt)
+        full = self._encode(self._render(dicts, add_generation_prompt, tools))
+        bounds = self._message_bounds(messages, dicts, full, add_generation_prompt, tools)
         n = len(full.ids)
         roles: list[Role] = ["system"] * bounds[0]
         for message, (lo, hi) in zip(messages, itertools.pairwise(bounds), strict=True):
@@ -97,9 +111,9 @@ class ModelTemplate:
         roles += ["assistant"] * (n - bounds[-1])  # the generation prompt
         sampled = [False] * n
         if self.has_generation_blocks:
-            spans = self._generation_spans(dicts, add_generation_prompt, n)
+            spans = self._generation_spans(dicts, add_generation_prompt, n, tools)
         else:
-            spans = self._emitted_spans(messages, dicts, full, bounds)
+            spans = self._emitted_spans(messages, dicts, full, bounds, tools)
         for lo, hi in spans:
             sampled[lo:hi] = [True] * (hi - lo)
             roles[lo:hi] = ["assistant"] * (hi - lo)
@@ -111,13 +125,19 @@ class ModelTemplate:
         dicts: list[dict[str, Any]],
         full: _Encoded,
         add_generation_prompt: bool,
+        tools: list[ToolSpec],
     ) -> list[int]:
         """Token index where each message starts, then where the last one ends (the
         generation prompt, if any, follows)."""
-        bounds = [self._preamble_length(messages[0], full.ids)]
-        bounds += [self._agreement(self._render(dicts[:i]), full) for i in range(1, len(dicts))]
+        bounds = [self._preamble_length(messages[0], full.ids, tools)]
+        bounds += [
+            self._agreement(self._render(dicts[:i], tools=tools), full)
+            for i in range(1, len(dicts))
+        ]
         bounds.append(
-            self._agreement(self._render(dicts), full) if add_generation_prompt else len(full.ids)
+            self._agreement(self._render(dicts, tools=tools), full)
+            if add_generation_prompt
+            else len(full.ids)
         )
         for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
             if hi < lo:
@@ -128,10 +148,24 @@ class ModelTemplate:
                 )
         return bounds
 
-    def parse_assistant(self, text: str) -> Message:
-        """The assistant message behind a generated turn's text, its tool calls read with the
+    def parse_assistant(self, text: str, opened_reasoning: bool = False) -> Message:
+        """The assistant message behind a generated turn's text: a leading `<think>` block
+        its reasoning (`opened_reasoning`: the prompt opened it), its tool calls read with the
         template's syntax."""
-        return self.tool_calls.parse(self._without_stop(text))
+        reasoning, answer = split_reasoning(self._without_stop(text), opened_reasoning)
+        message = self.tool_calls.parse(answer)
+        return Message("assistant", message.content, message.tool_calls, reasoning)
+
+    def _check_prints_tools(self, tools: list[ToolSpec]) -> None:
+        if self._prints_tools is None:
+            probe = [Message("user", _QUESTION).to_dict()]
+            self._prints_tools = self._render(probe, tools=tools) != self._render(probe)
+        if not self._prints_tools:
+            raise ValueError(
+                f"the chat template of {self._name} prints no tool specs: a prompt with "
+                "`tools` needs a template (or a `renderers` family) that shows them to the "
+                "model; drop the dataset's tools column or use such a model folder"
+            )
 
     def _without_stop(self, text: str) -> str:
         for stop in self.tokenizer.convert_ids_to_tokens(self.stop_token_ids):
@@ -148,6 +182,7 @@ class ModelTemplate:
         dicts: list[dict[str, Any]],
         full: _Encoded,
         bounds: list[int],
+        tools: list[ToolSpec],
     ) -> list[tuple[int, int]]:
         """[start, end) of what the model emits in each assistant turn: after the generation
         prompt, through the first stop token (in the turn or the message after it)."""
@@ -155,11 +190,7 @@ class ModelTemplate:
         for i, message in enumerate(messages):
             if message.role != "assistant":
                 continue
-            opened = (
-                self._agreement(self._render(dicts[:i], add_generation_prompt=True), full)
-                if i
-                else bounds[0]
-            )
+            opened = self._agreement(self._render(dicts[:i], True, tools), full) if i else bounds[0]
             start = min(max(opened, bounds[i]), bounds[i + 1])
             search_end = bounds[i + 2] if i + 2 < len(bounds) else len(full.ids)
             stop = next((k for k in range(start, search_end) if full.ids[k] in self._stops), None)
@@ -167,10 +198,11 @@ class ModelTemplate:
         return spans
 
     def _generation_spans(
-        self, dicts: list[dict[str, Any]], add_generation_prompt: bool, n: int
+        self, dicts: list[dict[str, Any]], add_generation_prompt: bool, n: int, tools: list[Any]
     ) -> list[tuple[int, int]]:
         encoded = self.tokenizer.apply_chat_template(
             dicts,
+            tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=True,
@@ -186,25 +218,30 @@ class ModelTemplate:
         common = len(os.path.commonprefix([prefix, full.text]))  # noqa: RUF071 (text, not paths)
         return bisect_right(full.ends, common)
 
-    def _preamble_length(self, first: Message, ids: list[int]) -> int:
+    def _preamble_length(self, first: Message, ids: list[int], tools: list[ToolSpec]) -> int:
         """Tokens before the first message's own rendering (system role), 0 for a system
         message (the template's preamble is then the system's anyway)."""
         if first.role == "system":
             return 0
-        if first.role not in self._preambles:
-            self._preambles[first.role] = self._probe_preamble(first.role)
-        preamble = self._preambles[first.role]
+        key = (first.role, json.dumps(tools, sort_keys=True))
+        if key not in self._preambles:
+            if len(self._preambles) >= 64:  # one per role and tool set: rows may each differ
+                self._preambles.clear()
+            self._preambles[key] = self._probe_preamble(first.role, tools)
+        preamble = self._preambles[key]
         return len(preamble) if ids[: len(preamble)] == preamble else 0
 
-    def _probe_preamble(self, role: Role) -> list[int]:
+    def _probe_preamble(self, role: Role, tools: list[ToolSpec]) -> list[int]:
         # The message's own rendering is what it adds as the third message of
         # [it, other, it]; whatever the template prints before it as the first is a preamble.
         probe = Message(role, _QUESTION)
         other = Message("user" if role == "assistant" else "assistant", _REPLY)
         try:
-            alone = self._encode(self._render([probe.to_dict()]))
-            pair = self._render([probe.to_dict(), other.to_dict()])
-            triple = self._encode(self._render([m.to_dict() for m in (probe, other, probe)]))
+            alone = self._encode(self._render([probe.to_dict()], tools=tools))
+            pair = self._render([probe.to_dict(), other.to_dict()], tools=tools)
+            triple = self._encode(
+                self._render([m.to_dict() for m in (probe, other, probe)], tools=tools)
+            )
         except Exception:  # the template refuses the probe: assume no preamble
             return []
         own = triple.ids[self._agreement(pair, triple) :]
@@ -273,9 +310,17 @@ class ModelTemplate:
             (s for s in SYNTAXES if s.parse(text).tool_calls == call.tool_calls), NoToolCalls()
         )
 
-    def _render(self, dicts: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+    def _render(
+        self,
+        dicts: list[dict[str, Any]],
+        add_generation_prompt: bool = False,
+        tools: Sequence[ToolSpec] = (),
+    ) -> str:
         return self.tokenizer.apply_chat_template(
-            dicts, tokenize=False, add_generation_prompt=add_generation_prompt
+            dicts,
+            tools=list(tools) or None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
         )
 
     def _encode(self, text: str) -> _Encoded:

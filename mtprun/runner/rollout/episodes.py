@@ -7,10 +7,19 @@ engines for n samples per prompt; after every turn the environments answer, and 
 unfinished episode continues with one sample after its environment's messages. The
 trajectory holds what the engines sampled (with the log-probs they sampled it with: the old
 log-probs of the update) and the inserted tool, user and template tokens (never sampled,
-hence untrained under the `sampled` mask). An episode's reward is its environment's, when it
-gave one, else task.reward's score (computed off the driver by the reward workers, see
-`rewards.EpisodeScorer`). Evaluation runs the same loop (`run`) with its own prompts and
-sampling.
+hence untrained under the `sampled` mask).
+
+Token-in, token-out: a turn's context is the episode's trajectory so far, the tokens the
+engine saw and sampled, extended by the environment's messages (`Renderer.next_turn`: the
+model family's `bridge_to_next_turn`); the conversation is never rendered again into it. A
+generated turn is read back from its token ids (`Renderer.parse_turn`: reasoning, answer,
+tool calls) for the environment and the reward; the episode's tools (its prompt's, else its
+environment's) are printed in the prompt and passed to the parser.
+
+An episode's reward is its environment's, when it gave one, else task.reward's score
+(computed off the driver by the reward workers, see `rewards.EpisodeScorer`), which gets
+the final answer without its reasoning, and the final turn as generated. Evaluation runs
+the same loop (`run`) with its own prompts and sampling.
 
 DAPO dynamic sampling (`task.drop_uniform_groups`): a group whose rewards are all equal has
 advantage 0 everywhere and teaches the policy gradient nothing; such groups are dropped and
@@ -31,13 +40,14 @@ from transformers import AutoConfig
 from mtprun.data.batch import PackedBatch
 from mtprun.data.environment import (
     EnvStep,
+    episode_tools,
     inserted_messages,
     load_environment_class,
     make_environment,
     reset_all,
     step_all,
 )
-from mtprun.data.messages import Conversation
+from mtprun.data.messages import Conversation, ToolSpec
 from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer, folder_renderer
 from mtprun.data.tasks import Prompt, task_for
@@ -141,17 +151,24 @@ class _Episode:
     env: Any  # this episode's environment object
     builder: TrajectoryBuilder
     conversation: Conversation
+    tools: tuple[ToolSpec, ...] = ()  # the tool specs its prompt prints
     sampled_tokens: int = 0
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
     tool_turns: int = 0
     env_reward: float | None = None  # the last reward the environment gave
     version: int | None = None  # the oldest policy version among its sampled turns
+    context_ids: list[int] | None = None  # the context of its last sampled turn
+    completion_ids: list[int] | None = None  # its last sampled turn
+    last_text: str | None = None  # its last turn's text as generated (for the reward)
 
     def add_turn(self, sample: Any, renderer: Renderer) -> None:
         """A turn the engine sampled (token ids with their log-probs)."""
+        self.context_ids = self.builder.token_ids()
+        self.completion_ids = list(sample.token_ids)
         self.builder.add_sampled(sample.token_ids, sample.logprobs)
         self.sampled_tokens += len(sample.token_ids)
-        message = renderer.parse_assistant(renderer.tokenizer.decode(sample.token_ids))
+        message = renderer.parse_turn(sample.token_ids, self.context_ids, self.tools)
+        self.last_text = renderer.turn_text(sample.token_ids)
         self.conversation = (*self.conversation, message)
         self.truncated = sample.finish_reason == "length"
         self.version = sample.version if self.version is None else min(self.version, sample.version)
@@ -232,6 +249,7 @@ class EpisodeCollector:
             episode_prompts,
             [e.conversation for e in episodes],
             given=[e.env_reward for e in episodes],
+            raw_completions=[e.last_text for e in episodes],
         )
         return Episodes(
             prompts=prompts,
@@ -250,10 +268,12 @@ class EpisodeCollector:
         """One episode per prompt (a prompt repeated per sample), its environment reset."""
         envs = [make_environment(self.environment) for _ in prompts]
         starts = reset_all(envs, prompts)
-        return [
-            _Episode(env, TrajectoryBuilder(self.renderer.render(s, add_generation_prompt=True)), s)
-            for env, s in zip(envs, starts, strict=True)
-        ]
+        episodes = []
+        for env, prompt, start in zip(envs, prompts, starts, strict=True):
+            tools = episode_tools(env, prompt)
+            rendered = self.renderer.render(start, add_generation_prompt=True, tools=tools)
+            episodes.append(_Episode(env, TrajectoryBuilder(rendered), start, tools))
+        return episodes
 
     def _first_samples(self, episodes: list[_Episode], n: int, sampling: Sampling) -> list[Any]:
         """The first turn of every episode: n samples per prompt when the environments start
@@ -272,7 +292,13 @@ class EpisodeCollector:
         if result.done or episode.truncated:
             return False
         messages = inserted_messages(result)
-        inserted = self.renderer.continuation(episode.conversation, messages)
+        inserted = self.renderer.next_turn(
+            episode.context_ids or [],
+            episode.completion_ids or [],
+            episode.conversation,
+            messages,
+            episode.tools,
+        )
         context = episode.builder.num_tokens + len(inserted)
         if last_turn or context + max_tokens > self.max_model_len:
             episode.truncated = True  # the environment answered, but no turn (or room) is left
@@ -307,5 +333,6 @@ class EpisodeCollector:
 
 def _message_text(message: Any) -> str:
     calls = " ".join(call.to_json() for call in message.tool_calls)
-    text = f"{message.content} {calls}".strip()
+    thought = f"[reasoning: {message.reasoning_content}]" if message.reasoning_content else ""
+    text = f"{thought} {message.content} {calls}".strip()
     return text if len(text) <= 300 else text[:300] + "..."

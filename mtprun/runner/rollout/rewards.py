@@ -95,11 +95,18 @@ class EpisodeScorer:
         prompts: Sequence[Prompt],
         conversations: Sequence[Conversation],
         given: Sequence[float | None] | None = None,
+        raw_completions: Sequence[str | None] | None = None,
     ) -> Scores:
         """Rewards of episode k = (prompts[k], conversations[k]): `given[k]` when it is a
-        number (the reward its environment gave), else the reward function's. Raises
-        RewardFailed on the first error under `reward_on_error: fail`."""
-        inputs = [RewardInput.of(p, c) for p, c in zip(prompts, conversations, strict=True)]
+        number (the reward its environment gave), else the reward function's, which gets
+        `raw_completions[k]` (the text of the episode's final turn as generated; None:
+        rebuilt from its final message). Raises RewardFailed on the first error under
+        `reward_on_error: fail`."""
+        raws = list(raw_completions) if raw_completions is not None else [None] * len(prompts)
+        inputs = [
+            RewardInput.of(p, c, raw)
+            for p, c, raw in zip(prompts, conversations, raws, strict=True)
+        ]
         given = list(given) if given is not None else [None] * len(inputs)
         futures = [
             self._submit(episode) if reward is None else _given(reward)
@@ -144,7 +151,8 @@ class EpisodeScorer:
             f"reward {self.reward} failed on episode {k} (task.reward_on_error: fail)\n"
             f"prompt record: {_short(repr(episode.prompt))}\n"
             f"conversation before the completion:\n{_short(prompt)}\n"
-            f"completion: {episode.completion!r}\n{error.rstrip()}"
+            f"completion: {episode.completion!r}\n"
+            f"as generated: {_short(repr(episode.raw_completion))}\n{error.rstrip()}"
         )
 
     def close(self) -> None:
