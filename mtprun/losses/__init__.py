@@ -7,8 +7,11 @@ from __future__ import annotations
 from mtprun.losses.kind import LossAgg, TermConfig
 from mtprun.losses.registry import (
     KINDS,
+    TRUNK_KINDS,
     LossTerm,
+    RecipeTerm,
     describe,
+    is_trunk_term,
     metric_names,
     needs,
     row_loss,
@@ -21,15 +24,18 @@ from mtprun.losses.stats import Stat
 
 __all__ = [
     "KINDS",
+    "TRUNK_KINDS",
     "GradCoeffs",
     "LossAgg",
     "LossTerm",
+    "RecipeTerm",
     "RowInputs",
     "RowLoss",
     "RowStats",
     "Stat",
     "TermConfig",
     "describe",
+    "is_trunk_term",
     "metric_names",
     "needs",
     "row_loss",

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from mtprun.losses import ce, distill, entropy, grpo, mtp, z_loss
 from mtprun.losses.kind import TritonCall, TritonRow, UnfusedCost
+from mtprun.losses.router import TRUNK_CONFIGS, TrunkTermConfig
 from mtprun.losses.rows import RowInputs, RowLoss, RowStats
 from mtprun.losses.stats import Stat
 
@@ -23,7 +24,22 @@ LossTerm = Annotated[
     Union[tuple(unit.CONFIG for unit in UNITS)],  # noqa: UP007 (a union built from the units)
     Field(discriminator="kind"),
 ]
-"""One item of a recipe's `losses:` list: the union of the units' configs."""
+"""A head term: the union of the units' configs (what the fused head kernel computes)."""
+
+TRUNK_KINDS: tuple[str, ...] = tuple(c.model_fields["kind"].default for c in TRUNK_CONFIGS)
+"""Kinds of the trunk losses (`mtprun.losses.router`): recipe terms the head never sees."""
+
+RecipeTerm = Annotated[
+    Union[tuple(unit.CONFIG for unit in UNITS) + TRUNK_CONFIGS],  # noqa: UP007
+    Field(discriminator="kind"),
+]
+"""One item of a recipe's `losses:` list: a head term or a trunk term."""
+
+
+def is_trunk_term(term: object) -> bool:
+    """Whether a `losses:` item is a trunk term (not compiled into the head plan)."""
+    return isinstance(term, TrunkTermConfig)
+
 
 TRITON_ROWS: tuple[TritonRow, ...] = tuple(u.TRITON_ROW for u in UNITS if u.TRITON_ROW)
 """Every Triton row function, in unit order (the order the kernel adds their coefficients)."""

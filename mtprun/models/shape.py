@@ -172,6 +172,11 @@ class ModelShape:
 
     def check_tp(self, tp: int) -> None:
         """Raise a clear error when this model cannot be split over `tp` ranks."""
+        if self.experts is not None and tp > 1:
+            raise ValueError(
+                f"parallel.tp={tp} with a mixture-of-experts model is not supported yet; use "
+                "parallel.ep and parallel.dp"
+            )
         for field in ("heads", "kv_heads", "vocab", "intermediate"):
             n = getattr(self, field)
             if n % tp:

@@ -22,7 +22,7 @@ from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import did_you_mean
 from mtprun.spec.model import VOCAB_MULTIPLE
 from mtprun.spec.recipe import Recipe
-from mtprun.spec.rules import SPEC_RULES, Issue, RuleSet, loss_terms
+from mtprun.spec.rules import SPEC_RULES, Issue, RuleSet, loss_terms, trunk_terms
 
 PREFLIGHT_RULES = RuleSet(SPEC_RULES)
 rule = PREFLIGHT_RULES.rule
@@ -122,6 +122,57 @@ def _not_split_by(tp: int, shape: ModelShape, names: tuple[str, ...]) -> Iterato
         count = getattr(shape, name)
         if count % tp:
             yield name, count
+
+
+def _experts_label(shape: ModelShape) -> str:
+    """How messages name a model's expert count."""
+    if shape.config_path is None:
+        return "model.tiny.experts.count"
+    return f"{shape.config_path}'s expert count"
+
+
+@rule("parallel", "model")
+def _ep_splits_experts(r: Recipe) -> Iterator[Issue]:
+    shape, ep = _policy(r), r.parallel.ep
+    if shape is None or ep == 1:
+        return
+    if shape.experts is None:
+        yield Issue(
+            ("parallel", "ep"),
+            f"ep {ep} splits the experts of a mixture-of-experts model, and the policy is dense; "
+            "set parallel.ep: 1",
+        )
+    elif shape.experts.count % ep:
+        yield Issue(
+            ("parallel", "ep"),
+            f"ep {ep} does not divide {_experts_label(shape)} ({shape.experts.count}): each "
+            "expert-parallel rank holds an equal share of every layer's experts",
+        )
+
+
+@rule("parallel", "model")
+def _moe_without_tp(r: Recipe) -> Iterator[Issue]:
+    shape, tp = _policy(r), r.parallel.tp
+    if shape is not None and shape.experts is not None and tp > 1:
+        yield Issue(
+            ("parallel", "tp"),
+            f"tp {tp} with a mixture-of-experts model is not supported yet (megatron-core's MoE "
+            "layer needs sequence parallelism under tp): split the experts with parallel.ep "
+            "and the batch with parallel.dp instead",
+        )
+
+
+@rule("losses", "model")
+def _router_terms_need_experts(r: Recipe) -> Iterator[Issue]:
+    shape = _policy(r)
+    if shape is None or shape.experts is not None:
+        return
+    for i, term in trunk_terms(r):
+        yield Issue(
+            ("losses", i, "kind"),
+            f"{term.kind} is a loss of a mixture-of-experts router, and the policy is dense "
+            "(no experts): remove the term or train an MoE model",
+        )
 
 
 def _more_mtp_layers(shape: ModelShape, setting: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from mtprun.losses import KINDS
+from mtprun.losses import KINDS, TRUNK_KINDS
 from mtprun.spec.document import Document, KeyPath
 from mtprun.spec.errors import Diagnostic, did_you_mean
 from mtprun.spec.recipe import Recipe
@@ -60,12 +60,13 @@ def _literal(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) ->
 
 def _loss_kind(error: ErrorDetails, path: KeyPath, at_key: bool, doc: Document) -> Diagnostic:
     # The only discriminated union of models in a recipe is a loss term's `kind`.
-    choices = ", ".join(KINDS)
+    kinds = KINDS + TRUNK_KINDS
+    choices = ", ".join(kinds)
     if error["type"] == "union_tag_not_found":
         message = f"{_dotted(path)}: a loss term needs `kind:` (one of {choices})"
         return Diagnostic(doc.position_of(path), message)
     tag = str(error["ctx"]["tag"])
-    hint = did_you_mean(tag, KINDS)
+    hint = did_you_mean(tag, kinds)
     message = f"{_dotted(path)}: unknown loss kind '{tag}'{hint}; allowed: {choices}"
     return Diagnostic(doc.position((*path, "kind")), message)
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from mtprun.losses import LossTerm
+from mtprun.losses import RecipeTerm
 from mtprun.spec.diagnose import validation_diagnostics
 from mtprun.spec.document import Document, KeyPath
 from mtprun.spec.errors import Diagnostic
@@ -25,7 +25,7 @@ from mtprun.spec.overrides import apply_overrides
 from mtprun.spec.recipe import SKIP_RULES, Recipe
 from mtprun.spec.rules import RuleSet
 
-_TERM = TypeAdapter(LossTerm)
+_TERM = TypeAdapter(RecipeTerm)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def _field_adapter(name: str) -> TypeAdapter[Any]:
     return TypeAdapter(Annotated[annotation, *field.metadata] if field.metadata else annotation)
 
 
-def _valid_term(item: Any) -> LossTerm | None:
+def _valid_term(item: Any) -> RecipeTerm | None:
     try:
         return _TERM.validate_python(item)
     except ValidationError:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mtprun.losses import is_trunk_term
 from mtprun.spec.actors import ActorDemand
 from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
@@ -26,6 +27,7 @@ from mtprun.spec.sections import RecipeSections
 
 if TYPE_CHECKING:
     from mtprun.losses import LossTerm
+    from mtprun.losses.router import TrunkTermConfig
 
 RL_LOSS_KINDS = frozenset({"grpo"})
 
@@ -74,9 +76,14 @@ rule = SPEC_RULES.rule
 
 
 def loss_terms(recipe: RecipeSections) -> Iterator[tuple[int, LossTerm]]:
-    """(index, term) of the recipe's loss terms; a partially valid recipe holds None where a
-    term failed validation."""
-    return ((i, t) for i, t in enumerate(recipe.losses) if t is not None)
+    """(index, term) of the recipe's head terms; a partially valid recipe holds None where a
+    term failed validation (skipped here), and trunk terms are `trunk_terms`'."""
+    return ((i, t) for i, t in enumerate(recipe.losses) if t is not None and not is_trunk_term(t))
+
+
+def trunk_terms(recipe: RecipeSections) -> Iterator[tuple[int, TrunkTermConfig]]:
+    """(index, term) of the recipe's trunk terms (router losses)."""
+    return ((i, t) for i, t in enumerate(recipe.losses) if is_trunk_term(t))
 
 
 @rule("data", "task")
@@ -162,14 +169,23 @@ def _cp_keeps_token_terms(r: RecipeSections) -> Iterator[Issue]:
 @rule("losses")
 def _some_weight_positive(r: RecipeSections) -> Iterator[Issue]:
     terms = [t for _, t in loss_terms(r)]
-    if terms and len(terms) == len(r.losses) and all(t.weight == 0 for t in terms):
+    valid = [t for t in r.losses if t is not None]
+    if not valid or len(valid) < len(r.losses):
+        return  # an empty list or a broken term is reported on its own
+    if not terms:
+        yield Issue(
+            ("losses",),
+            "losses has only trunk terms (router_aux, router_z): they shape the router, and "
+            "the policy needs a head term too (kind: ce for SFT, grpo for RL)",
+        )
+    elif all(t.weight == 0 for t in terms):
         yield Issue(("losses",), "every loss term has weight 0 (coef for entropy): nothing trains")
 
 
 @rule("losses")
 def _one_term_per_kind(r: RecipeSections) -> Iterator[Issue]:
     first: dict[str, int] = {}
-    for i, term in loss_terms(r):
+    for i, term in ((i, t) for i, t in enumerate(r.losses) if t is not None):
         if term.kind in first:
             yield Issue(
                 ("losses", i, "kind"),

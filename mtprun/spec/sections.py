@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from mtprun.losses import LossTerm
+from mtprun.losses import RecipeTerm
 from mtprun.losses.ce import CETerm
 from mtprun.spec.base import Section
 from mtprun.spec.data import DataSection, TaskSection, WarmstartSection
@@ -48,10 +48,11 @@ class RecipeSections(Section):
     eval: EvalSection | None = Field(
         None, description="Evaluation on held-out prompts (needs task)."
     )
-    losses: list[LossTerm] = Field(
+    losses: list[RecipeTerm] = Field(
         default_factory=lambda: [CETerm()],
         min_length=1,
-        description="Loss terms, fused into one head kernel; the loss is their weighted sum.",
+        description="Loss terms, fused into one head kernel; the loss is their weighted sum. "
+        "router_aux / router_z are trunk losses of a mixture-of-experts model's router.",
     )
     mask: MaskPolicy = Field("sampled", description="Which tokens the loss trains.")
     parallel: ParallelSection = Field(

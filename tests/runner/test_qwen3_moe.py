@@ -140,3 +140,50 @@ def test_ep2_trains_like_one_process(megatron_tp1, moe_dir, tmp_path):
     assert two_weights.keys() == one_weights.keys()
     for name, tensor in one_weights.items():
         torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
+
+
+def _router_reference(model_dir, batch, top_k):
+    """Float64 transformers: the sparse layer's router input (captured by a hook), its
+    router weight, and the aux loss E / (k T^2) sum_e n_e S_e and busiest-over-mean load of
+    the batch's routing, with the aux loss's gradient to the router weight."""
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float64, experts_implementation="eager"
+    ).eval()
+    router = model.model.layers[1].mlp.gate
+    seen = []
+    handle = router.register_forward_hook(lambda m, args, out: seen.append(args[0].detach()))
+    with torch.no_grad():
+        _packed_logits(model, batch)
+    handle.remove()
+    hidden = torch.cat([h.reshape(-1, h.shape[-1]) for h in seen])
+    weight = router.weight.detach().clone().requires_grad_(True)
+    scores = (hidden @ weight.T).softmax(-1)
+    chosen = torch.zeros_like(scores).scatter_(1, scores.topk(top_k, -1).indices, 1.0)
+    tokens, experts = scores.shape
+    counts = chosen.sum(0)
+    aux = experts / (top_k * tokens**2) * (counts * scores.sum(0)).sum()
+    (grad,) = torch.autograd.grad(aux, weight)
+    return aux.item(), (counts.max() / counts.mean()).item(), grad
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.5])
+def test_router_metrics_and_aux_loss_gradient_equal_float64(megatron_tp1, moe_dir, coef):
+    """One micro batch, no clipping: the step reports the batch's routing (load and aux
+    loss) and, with a router_aux term of weight w, the router weight's gradient moves by
+    exactly w d(aux)/dW."""
+    losses = [{"kind": "ce"}] + ([{"kind": "router_aux", "weight": coef}] if coef else [])
+    recipe = make_recipe(moe_dir, trainer={**ADAMW, "grad_clip": None}, losses=losses)
+    trainer = Trainer(recipe, moe_dir, compile_recipe(recipe), "cpu")
+    batch = random_packed_batch(trainer.shape.vocab, [21, 30, 13], seed=3)
+    batch.loss_mask[:] = True  # the router sees every token; the head's mask does not matter
+    router = trainer.model.decoder.layers[1].mlp.router.weight
+    metrics = trainer.train_step([batch])
+    aux, load, grad = _router_reference(moe_dir, batch, top_k=2)
+    assert metrics["moe/aux_loss"] == pytest.approx(aux, rel=1e-5)
+    assert metrics["moe/load_max_over_mean"] == pytest.approx(load, rel=1e-6)
+    if coef:
+        plain = make_recipe(moe_dir, trainer={**ADAMW, "grad_clip": None})
+        without = Trainer(plain, moe_dir, compile_recipe(plain), "cpu")
+        without.train_step([batch])
+        base = without.model.decoder.layers[1].mlp.router.weight.grad
+        torch.testing.assert_close(router.grad - base, coef * grad.float(), rtol=1e-4, atol=1e-6)

@@ -53,21 +53,21 @@ CASES = {
         "losses:\n  - kind: focal\n",
         [
             "11:11: losses.0: unknown loss kind 'focal'; "
-            "allowed: ce, z_loss, grpo, entropy, distill, mtp"
+            "allowed: ce, z_loss, grpo, entropy, distill, mtp, router_aux, router_z"
         ],
     ),
     "misspelled loss kind": (
         "losses:\n  - {kind: zloss}\n",
         [
             "11:12: losses.0: unknown loss kind 'zloss' (did you mean 'z_loss'?); "
-            "allowed: ce, z_loss, grpo, entropy, distill, mtp"
+            "allowed: ce, z_loss, grpo, entropy, distill, mtp, router_aux, router_z"
         ],
     ),
     "loss term without kind": (
         "losses:\n  - weight: 1.0\n",
         [
             "11:5: losses.0: a loss term needs `kind:` "
-            "(one of ce, z_loss, grpo, entropy, distill, mtp)"
+            "(one of ce, z_loss, grpo, entropy, distill, mtp, router_aux, router_z)"
         ],
     ),
     "empty loss list": (

@@ -75,7 +75,7 @@ def test_schema_errors_point_at_the_override(write_recipe, located) -> None:
         "<override 1>:1:1: unknown key 'lrr' in 'trainer' (did you mean 'lr'?)",
         "<override 2>:1:15: trainer.steps: input should be greater than or equal to 1 (got -3)",
         "<override 3>:1:15: losses.0: unknown loss kind 'focal'; allowed: ce, z_loss, grpo, "
-        "entropy, distill, mtp",
+        "entropy, distill, mtp, router_aux, router_z",
     ]
 
 

@@ -48,6 +48,7 @@ from mtprun.runner.trainer.model import (
 from mtprun.runner.trainer.optim import NormScope, build_groups
 from mtprun.runner.trainer.parallel import init_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
+from mtprun.runner.trainer.routing import RouterStats
 from mtprun.runner.trainer.teacher import Teacher
 from mtprun.spec.recipe import Recipe
 
@@ -135,6 +136,7 @@ class Trainer:
             ep=parallel_state.get_expert_model_parallel_group() if self.ep_size > 1 else None,
             copies=copies,
         )
+        self.routing = RouterStats(self.model) if self.shape.experts else None
         self.step = 0
         self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
 
@@ -186,9 +188,19 @@ class Trainer:
         self.step += 1
         summed = self._sum_over_data_parallel(list(sums.values()), with_context=True)
         metrics = dict(zip(sums, summed, strict=True))
+        metrics.update(self._routing_metrics())
         metrics["grad_norm"] = norms.pop("policy")
         metrics.update({f"{name}/grad_norm": norm for name, norm in norms.items()})
         return {**metrics, "lr": lr, "tokens": tokens, "trained_tokens": total}
+
+    def _routing_metrics(self) -> dict[str, float]:
+        """The step's MoE routing metrics (`RouterStats`), reduced over data-parallel ranks."""
+        if self.routing is None:
+            return {}
+        dp = self.dp_size * self.cp_size > 1
+        group = parallel_state.get_data_parallel_group(with_context_parallel=True) if dp else None
+        values = self.routing.step_metrics(group)
+        return dict(zip(values, _read_floats(list(values.values())), strict=True))
 
     @torch.no_grad()
     def logprobs(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
@@ -280,6 +292,9 @@ class Trainer:
         step's trained tokens, and the loss and metrics so weighted (the step's trained tokens
         per trained sequence come along for the sequence means)."""
         batch, share, tokens_per_sequence = item
+        if self.routing is not None:
+            tokens = int(self._shard(batch).index.numel())
+            self.routing.weigh_micro_batch(share, tokens)
         out = self._stage_forward(batch.to(self.device), self.plan, tokens_per_sequence)
         if not isinstance(out, HeadLossOutput):
             return out
