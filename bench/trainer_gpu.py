@@ -1,15 +1,17 @@
 """The trainer against its peers on the GPU (issue 15's bench): step time, tokens/s, MFU and
-peak memory of a training step of 16384 tokens, random-init models of Qwen2.5 shapes.
+peak memory of a training step of 16384 tokens, random-init models of Qwen2.5 and Qwen3 shapes.
 
 Trainers, each built from the same random-init HF folder and fed the same tokens:
 - mtprun: `mtprun.runner.trainer.trainer.Trainer` (bf16, AdamW, grad_clip 1.0), all sequences of
   one length packed into micro batches of `--micro-batch-tokens`; timing `train_step`.
-- hf: transformers' `Qwen2ForCausalLM` in bf16, SDPA attention, the same micro batches as
+- hf: transformers' model of the shape's family (`Qwen2ForCausalLM`, `Qwen3ForCausalLM`) in
+  bf16, SDPA attention, the same micro batches as
   [micro tokens / S, S] with gradients accumulated over the step, float32 full-logit loss,
   grad clip 1.0, `torch.optim.AdamW(fused=True)` on the bf16 weights.
 - liger: the same after Liger-Kernel's RoPE / RMSNorm / SwiGLU patches, and for sft its
   fused linear cross entropy (Liger's fused GRPO loss takes one advantage per sequence, not
-  one per token, so grpo keeps the full-logit loss). Skipped where liger_kernel is missing.
+  one per token, so grpo keeps the full-logit loss). Skipped where liger_kernel is missing,
+  and for Qwen3 shapes (the patches here are Qwen2's).
 Workloads: sft (loss `ce`) and grpo (`grpo` with a k3 KL, kl_coef 0.05, and the entropy
 metric; the peers compute the same from their full logits). The model folder is built once
 (on the GPU, in bf16), each trainer anew per row and freed after it. Each row is printed as
@@ -19,11 +21,19 @@ mtprun runs, on N processes and GPUs; the last rank reports (peak: the largest r
 
     python bench/trainer_gpu.py                                    # 1.5B shape, one H100
     python bench/trainer_gpu.py --shape 7b --tp 2                  # 7B, two H200
+    python bench/trainer_gpu.py --shape qwen3-8b --tp 2 --optimizer-state bfloat16 \\
+        --seq 2048 --micro-batch-tokens 4096                       # issue 24 (a), two H100
     python bench/trainer_gpu.py --cp 2 --seq 32768                 # 1.5B, two H200
     python bench/trainer_gpu.py --seq 2048 --workload sft --micro-batch-tokens 4096 \\
         --recompute selective --json $OUT/rows.json
     python bench/trainer_gpu.py --mixed-lengths --trainers mtprun   # RL-like packed rows
     python bench/trainer_gpu.py --cpu-dry-run                      # tiny sizes on CPU
+    python bench/trainer_gpu.py --cpu-dry-run --shape qwen3-8b --tp 2  # a tiny Qwen3, 2 ranks
+
+Qwen3-8B at tp 2 holds 4.1B parameters a rank: bf16 weights 7.6 GiB, float32 main gradients
+15.3 GiB, float32 master weights 15.3 GiB and AdamW's float32 moments 30.5 GiB leave no room for
+activations on an 80 GB H100 (the trainer refuses it before allocating: TrainerDoesNotFit);
+`--optimizer-state bfloat16` (`trainer.optimizer_state`) halves the moments.
 """
 
 from __future__ import annotations
@@ -64,14 +74,19 @@ GRPO = GRPOTerm(**WORKLOADS["grpo"][0])  # the peers' GRPO loss takes its parame
 LR = 1e-4  # smoke_recipe's, for the peers too
 GRAD_CLIP = 1.0
 MFU_FORMULA = (
-    "MFU = [6 (non-embedding params + H V) tokens + 6 L H s tokens] / step time / "
-    "({peak:g} TFLOP/s x GPUs); H hidden, V vocab, L layers, s sequence length, tokens per step "
-    "(sequences of mixed lengths s_i: 6 L H sum s_i^2 in place of 6 L H s tokens)"
+    "MFU = [6 (non-embedding params + H V) tokens + 6 L Q s tokens] / step time / "
+    "({peak:g} TFLOP/s x GPUs); H hidden, Q query width (heads x head_dim; = H for every "
+    "shape here), V vocab, L layers, s sequence length, tokens per step (sequences of mixed "
+    "lengths s_i: 6 L Q sum s_i^2 in place of 6 L Q s tokens); Qwen3's q/k RMSNorms count "
+    "as their 2 head_dim parameters a layer in the 6 N term and their elementwise work is "
+    "not counted (both < 1e-5 of the step's FLOPs)"
 )
 
 
 @dataclass(frozen=True)
 class Shape:
+    """A model shape; head_dim is hidden / heads (so for every shape here)."""
+
     name: str
     hidden: int
     layers: int
@@ -79,33 +94,49 @@ class Shape:
     kv_heads: int
     ffn: int
     vocab: int
+    architecture: str = "qwen2"  # qwen2: q/k/v biases; qwen3: per-head q/k RMSNorms instead
 
     def tiny(self, max_seq_len: int) -> TinyModel:
         return TinyModel(
-            architecture="qwen2", hidden=self.hidden, layers=self.layers, heads=self.heads,
-            kv_heads=self.kv_heads, intermediate=self.ffn, vocab=self.vocab,
+            architecture=self.architecture, hidden=self.hidden, layers=self.layers,
+            heads=self.heads, kv_heads=self.kv_heads, intermediate=self.ffn, vocab=self.vocab,
             tie_embeddings=False, max_seq_len=max_seq_len,
         )  # fmt: skip
 
     @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
     def body_params(self) -> int:
-        """Parameters outside the embedding and output layer (Qwen2: q/k/v biases)."""
-        h, kv = self.hidden, self.kv_heads * (self.hidden // self.heads)
-        attention = 2 * h * h + h + 2 * (h * kv + kv)
+        """Parameters outside the embedding and output layer: q/k/v biases (Qwen2) or the
+        per-head q/k norms (Qwen3)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h
+        if self.architecture == "qwen3":
+            attention += 2 * self.head_dim
+        else:
+            attention += q + 2 * kv
         return self.layers * (attention + 3 * h * self.ffn + 2 * h) + h
 
     def step_flops(self, lengths: list[int]) -> float:
         """Model FLOPs of one step (forward + backward) over sequences of `lengths`: the
         numerator of MFU_FORMULA."""
         dense = 6 * (self.body_params + self.hidden * self.vocab) * sum(lengths)
-        return dense + 6 * self.layers * self.hidden * sum(n * n for n in lengths)
+        query = self.heads * self.head_dim
+        return dense + 6 * self.layers * query * sum(n * n for n in lengths)
 
 
 SHAPES = {
     "1.5b": Shape("1.5b", 1536, 28, 12, 2, 8960, 151936),  # Qwen2.5-1.5B
     "7b": Shape("7b", 3584, 28, 28, 4, 18944, 152064),  # Qwen2.5-7B
+    "qwen3-8b": Shape("qwen3-8b", 4096, 36, 32, 8, 12288, 151936, "qwen3"),  # Qwen3-8B
 }
-CPU_SHAPE = Shape("cpu-tiny", 128, 2, 4, 2, 256, 256)  # tp 2 divides its KV heads
+# --cpu-dry-run: the family of the --shape asked for at tiny sizes (tp 2 divides the KV heads).
+CPU_SHAPES = {
+    "qwen2": Shape("cpu-tiny", 128, 2, 4, 2, 256, 256),
+    "qwen3": Shape("cpu-tiny-qwen3", 128, 2, 4, 2, 256, 256, "qwen3"),
+}
 
 
 @dataclass(frozen=True)
@@ -210,7 +241,11 @@ def time_steps(
 def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict) -> Measured:
     from mtprun.runner.trainer.trainer import Trainer
 
-    trainer_section = {"micro_batch_tokens": cfg.micro_tokens, "recompute": args.recompute}
+    trainer_section = {
+        "micro_batch_tokens": cfg.micro_tokens,
+        "recompute": args.recompute,
+        "optimizer_state": args.optimizer_state,
+    }
     losses = WORKLOADS[cfg.workload]
     recipe = smoke_recipe(folder, args.dtype, losses, cfg.rl, trainer_section, layout)
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
@@ -220,7 +255,9 @@ def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict
     )
     micro = f"{cfg.micro_tokens} tok x{len(batches)}"
     mixed = ", lengths in [s/2, 3s/2]" if cfg.mixed else ""
-    return Measured(times, loss, micro, f"recompute {args.recompute}{mixed}")
+    moments = args.optimizer_state if args.dtype == "bfloat16" else "float32"  # CPU: float32
+    note = f"recompute {args.recompute}, {moments} moments{mixed}"
+    return Measured(times, loss, micro, note)
 
 
 @contextlib.contextmanager
@@ -245,11 +282,12 @@ def _liger_patched(model: torch.nn.Module, fused_ce: bool) -> Iterator[str]:
 
 
 def run_hf(cfg: Config, folder: Path, args: argparse.Namespace, liger: bool) -> Measured:
-    """transformers' Qwen2 with a plain training loop (with Liger's patches when `liger`)."""
-    from transformers import Qwen2ForCausalLM
+    """transformers' model of the folder (Qwen2, Qwen3) with a plain training loop (with
+    Liger's Qwen2 patches when `liger`)."""
+    from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
-    model = Qwen2ForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
     model.to(args.device).train()
     # The same micro batches as mtprun's, gradients accumulated; each micro batch's mean
     # loss weighted by its share of the step's trained tokens (= the step's token mean).
@@ -369,6 +407,8 @@ def _skip_reason(trainer: str, cfg: Config, args: argparse.Namespace) -> str:
             return "Liger-Kernel needs CUDA"
         if importlib.util.find_spec("liger_kernel") is None:
             return "liger_kernel is not installed"
+        if cfg.shape.architecture != "qwen2":
+            return "the Liger patches here are Qwen2's"
     if cfg.mixed and trainer != "mtprun":
         return "the peers' [B, S] micro batches need sequences of one length"
     if not cfg.micro_tokens:
@@ -525,6 +565,10 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     parser.add_argument(
+        "--optimizer-state", choices=("float32", "bfloat16"), default="float32",
+        help="mtprun's trainer.optimizer_state: the dtype of AdamW's moments (bf16 weights)",
+    )  # fmt: skip
+    parser.add_argument(
         "--mixed-lengths", action="store_true",
         help="sequences of random lengths in [seq/2, 3 seq/2] (mtprun only; one micro batch)",
     )  # fmt: skip
@@ -536,7 +580,7 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     cpu = args.cpu_dry_run
     args.device, args.dtype = ("cpu", "float32") if cpu else ("cuda", "bfloat16")
-    args.shape = CPU_SHAPE if cpu else SHAPES[args.shape]
+    args.shape = CPU_SHAPES[SHAPES[args.shape].architecture] if cpu else SHAPES[args.shape]
     args.seq = args.seq or ([16, 64] if cpu else [512, 2048, 8192])
     args.steps = args.steps or (2 if cpu else 5)
     args.warmup = (1 if cpu else 2) if args.warmup is None else args.warmup

@@ -239,8 +239,9 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
         table.title = f"{title} (pipeline stage {memory.stage} of {memory.stages}, the largest)"
     bf16 = memory.bf16_weights
     shards = f"sharded over dp x cp = {memory.optimizer_shards} ranks"
+    moments = "bfloat16 " if memory.optimizer_state == "bfloat16" else ""
     state = {
-        (True, "adamw"): f"AdamW: float32 master weights, exp_avg, exp_avg_sq; {shards}",
+        (True, "adamw"): f"AdamW: float32 master weights, {moments}exp_avg, exp_avg_sq; {shards}",
         (True, "sgd"): f"SGD: float32 master weights; {shards}",
         (False, "adamw"): "AdamW: exp_avg, exp_avg_sq (torch.optim, not sharded)",
         (False, "sgd"): "SGD without momentum: no state",

@@ -30,9 +30,12 @@ torch.optim, whose state is not sharded:
 
     weights    = P(s) x (2 if bf16 weights else 4)
     gradients  = P(s) x 4
-    optimizer  = P(s) x (4 + 8 for adamw, 4 for sgd) / (dp cp)    bf16 weights
+    optimizer  = P(s) x (4 + m for adamw, 4 for sgd) / (dp cp)    bf16 weights
                = P(s) x (8 for adamw, 0 for sgd)                  float32 weights (sgd has
                                                                   no momentum)
+
+with m the bytes of AdamW's two moments per parameter: 8 (`trainer.optimizer_state: float32`)
+or 4 (`bfloat16`; the float32 master weights stay). float32 weights keep float32 moments.
 
 Activations that backward keeps, per token and per decoder layer (pre-norm Qwen2/Llama layer,
 GQA, SwiGLU, flash-class attention: no [T, T] scores; sequence parallelism is off, so the
@@ -79,6 +82,7 @@ GIB = 2**30
 Recompute = Literal["none", "selective", "full"]
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _ADAM_MOMENTS = 2 * FLOAT32  # exp_avg and exp_avg_sq
+_MOMENT_BYTES = {"float32": 2 * FLOAT32, "bfloat16": 2 * 2}  # trainer.optimizer_state
 _MASTER = FLOAT32  # the distributed optimizer's float32 copy of bf16 weights
 
 # Parts of the estimate, in the order tables and messages list them.
@@ -140,6 +144,9 @@ class TrainerMemory:
     tokens: int  # tokens of one micro batch on this rank (micro_batch_tokens / cp)
     bf16_weights: bool
     optimizer_shards: int  # ranks the optimizer state is split over (dp x cp, or 1)
+    # AdamW's moments: float32 or bfloat16 (trainer.optimizer_state; float32 weights keep
+    # float32 ones); "none" for SGD, which keeps no moments.
+    optimizer_state: str = "float32"
 
     @property
     def total(self) -> int:
@@ -166,6 +173,7 @@ class TrainerMemory:
             "tokens_per_micro_batch": self.tokens,
             "bf16_weights": self.bf16_weights,
             "optimizer_shards": self.optimizer_shards,
+            "optimizer_state": self.optimizer_state,
         }
 
 
@@ -182,13 +190,15 @@ def estimate_trainer_memory(
     micro_batch_tokens: int,
     recompute: Recompute = "none",
     optimizer: Literal["adamw", "sgd"] = "adamw",
+    optimizer_state: Literal["float32", "bfloat16"] = "float32",
     separate_mtp_optimizer: bool = False,
     plan: HeadPlan | None = None,
 ) -> TrainerMemory:
     """Memory of one trainer rank on its most loaded pipeline stage (module docstring).
 
-    `plan` is the compiled head loss (its buffers count on the last stage); None leaves the
-    head loss out.
+    `optimizer_state` is the dtype of AdamW's moments under bf16 weights (float32 weights keep
+    float32 ones). `plan` is the compiled head loss (its buffers count on the last stage);
+    None leaves the head loss out.
     """
     tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
     act_bytes = _DTYPE_BYTES[dtype]
@@ -196,8 +206,12 @@ def estimate_trainer_memory(
     # trains float32 weights with torch.optim (mtprun.runner.trainer.trainer: `mixed`).
     bf16_weights = act_bytes == 2 and not separate_mtp_optimizer
     shards = dp * cp if bf16_weights else 1
+    if optimizer != "adamw":
+        optimizer_state = "none"
+    elif not bf16_weights:
+        optimizer_state = "float32"  # torch.optim on float32 weights
     if bf16_weights:
-        state_bytes = _MASTER + (_ADAM_MOMENTS if optimizer == "adamw" else 0)
+        state_bytes = _MASTER + (_MOMENT_BYTES[optimizer_state] if optimizer == "adamw" else 0)
     else:
         state_bytes = _ADAM_MOMENTS if optimizer == "adamw" else 0  # SGD without momentum
     tokens = local_tokens(micro_batch_tokens, cp)
@@ -227,6 +241,7 @@ def estimate_trainer_memory(
                 tokens=tokens,
                 bf16_weights=bf16_weights,
                 optimizer_shards=shards,
+                optimizer_state=optimizer_state,
             )
         )
     return max(candidates, key=lambda m: m.total)  # the first of equals: stage 0
@@ -317,6 +332,7 @@ def recipe_trainer_memory(recipe: Recipe, plan: HeadPlan | None = None) -> Train
         micro_batch_tokens=recipe.trainer.micro_batch_tokens,
         recompute=recipe.trainer.recompute,
         optimizer=recipe.trainer.optimizer,
+        optimizer_state=recipe.trainer.optimizer_state,
         separate_mtp_optimizer=bool(getattr(mtp, "separate_optimizer", False)),
         plan=plan,
     )
@@ -351,9 +367,12 @@ def _remedy(memory: TrainerMemory, largest: str, micro_batch_tokens: int) -> str
     if largest == "head_loss":
         return f"try {smaller} or more parallel.tp (it splits the vocab)"
     if largest == "optimizer" and memory.bf16_weights:
+        lower = ""
+        if memory.optimizer_state == "float32":
+            lower = "trainer.optimizer_state: bfloat16 (AdamW's moments in 4 bytes, not 8), "
         return (
-            "try more parallel.dp (the distributed optimizer shards its state over dp x cp) "
-            "or more parallel.tp or parallel.pp"
+            f"try {lower}more parallel.dp (the distributed optimizer shards its state over "
+            "dp x cp) or more parallel.tp or parallel.pp"
         )
     if largest == "optimizer":
         return (

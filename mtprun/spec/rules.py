@@ -182,6 +182,27 @@ def _some_weight_positive(r: RecipeSections) -> Iterator[Issue]:
         yield Issue(("losses",), "every loss term has weight 0 (coef for entropy): nothing trains")
 
 
+@rule("trainer", "model", "losses")
+def _bf16_moments_need_megatron_optimizer(r: RecipeSections) -> Iterator[Issue]:
+    # bf16 moments live in the bf16-weight path's optimizer (megatron-core's distributed
+    # optimizer); float32 weights and a separately stepped MTP head train with torch.optim.
+    if r.trainer.optimizer_state == "float32":
+        return
+    separate = any(getattr(t, "separate_optimizer", False) for t in r.losses if t is not None)
+    if r.model.dtype != "bfloat16" or separate:
+        why = (
+            "model.dtype is float32"
+            if r.model.dtype != "bfloat16"
+            else ("the mtp term's separate_optimizer steps with torch.optim")
+        )
+        yield Issue(
+            ("trainer", "optimizer_state"),
+            f"optimizer_state bfloat16 applies to bf16 weights on megatron-core's optimizer, and "
+            f"{why}: set model.dtype: bfloat16 (without mtp.separate_optimizer) or "
+            "optimizer_state: float32",
+        )
+
+
 @rule("losses")
 def _one_term_per_kind(r: RecipeSections) -> Iterator[Issue]:
     first: dict[str, int] = {}

@@ -1,8 +1,10 @@
 """`trainer:` optimizer, schedule and step budget."""
 
+from __future__ import annotations
+
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from mtprun.spec.base import Section
 
@@ -13,6 +15,17 @@ class TrainerSection(Section):
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
     lr: float = Field(1e-4, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="Decoupled weight decay.")
+    optimizer_state: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description=(
+            "dtype of AdamW's two moments (exp_avg, exp_avg_sq) when the weights train in "
+            "bf16 (model.dtype: bfloat16 on GPUs, megatron-core's distributed optimizer): "
+            "float32 keeps 8 bytes per parameter, bfloat16 4 (stochastically rounded, so "
+            "that their running averages stay unbiased; the update still computes in float32 "
+            "from float32 master weights and gradients). bfloat16 is how Qwen3-8B at tp 2 "
+            "fits 80 GB GPUs. float32 weights (CPU, mtp.separate_optimizer) keep float32."
+        ),
+    )
     schedule: Literal["constant", "cosine", "linear"] = Field(
         "constant", description="Learning-rate decay after warm-up."
     )
@@ -53,3 +66,14 @@ class TrainerSection(Section):
             "run again; past this many the run fails."
         ),
     )
+
+    @field_validator("optimizer_state")
+    @classmethod
+    def _state_of_adamw(cls, value: str, info: ValidationInfo) -> str:
+        optimizer = info.data.get("optimizer", "adamw")  # validated first (declared first)
+        if value != "float32" and optimizer != "adamw":
+            raise ValueError(
+                f"{value} sets the dtype of AdamW's moments, and optimizer {optimizer} keeps "
+                "none (SGD without momentum): drop optimizer_state or use optimizer: adamw"
+            )
+        return value

@@ -89,6 +89,16 @@ def tiny_tied_mimo_dir(tmp_path_factory, tokenizer) -> Path:
     return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("tied_mimo"), seed=5)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory, tokenizer) -> Path:
+    """A random-init Qwen3 folder (untied): 4 query heads and 2 key/value heads of 32 channels
+    on hidden 64 (head_dim apart from hidden / heads), every norm weight drawn around 1 so that
+    the q/k norms' gradients differ per channel (`qwen3_folders`)."""
+    from .qwen3_folders import build_qwen3_folder  # it imports TINY from here
+
+    return build_qwen3_folder(tokenizer, tmp_path_factory.mktemp("qwen3"), seed=0)
+
+
 def make_recipe(model_dir: Path, rl: bool = False, **sections: Any) -> Recipe:
     """An SFT recipe (rl: a GRPO recipe on the arithmetic task) on `model_dir`; keyword
     arguments replace whole sections."""

@@ -287,11 +287,17 @@ PARALLEL_LOSSES = [
 ]
 
 
-def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
-    """Two clipped SGD steps on RL micro batches `batch_ids` in an initialised process, with
-    a distill term to `teacher_dir` (and an mtp term when the model has MTP layers); what
-    this rank reports. (SGD, not Adam: Adam's normalised update turns float32 noise in
-    near-zero gradients into lr-sized differences that say nothing about parallelism.)"""
+CLIPPED_SGD = {"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1}
+CLIPPED_ADAMW = {"optimizer": "adamw", "lr": 1e-3, "grad_clip": 0.5, "weight_decay": 0.1}
+
+
+def _train_steps(model_dir, teacher_dir, parallel, batch_ids, trainer=None, steps=2):
+    """`steps` optimizer steps (clipped SGD unless `trainer` says otherwise) on RL micro
+    batches `batch_ids` in an initialised process, with a distill term to `teacher_dir` (and
+    an mtp term when the model has MTP layers); what this rank reports. (SGD by default, not
+    Adam: Adam's normalised update turns float32 noise in near-zero gradients into lr-sized
+    differences of the weights that say nothing about parallelism; Adam cases compare the
+    metrics only.)"""
     distill = {"kind": "distill", "teacher": str(teacher_dir), "weight": 0.5}
     mtp = [{"kind": "mtp"}] if "mimo" in str(model_dir) else []
     recipe = make_recipe(
@@ -299,12 +305,12 @@ def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
         rl=True,
         parallel=parallel,
         losses=[*PARALLEL_LOSSES, *mtp, distill],
-        trainer={"optimizer": "sgd", "lr": 1.0, "grad_clip": 0.5, "weight_decay": 0.1},
+        trainer=trainer or CLIPPED_SGD,
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
     batches = _batches(trainer.shape.vocab, seed=8, rl=True)
     mine = [batches[i] for i in batch_ids]
-    metrics = [trainer.train_step(mine) for _ in range(2)]
+    metrics = [trainer.train_step(mine) for _ in range(steps)]
     return {
         "metrics": metrics,
         "logprobs": trainer.logprobs(batches[:1]),
@@ -313,17 +319,35 @@ def _train_two_steps(model_dir, teacher_dir, parallel, batch_ids):
     }
 
 
-def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path):
+def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path, trainer, steps):
+    from megatron.core import parallel_state
+
     from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
 
     layout = ParallelSection(**parallel)
     init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
     # Data-parallel replicas split the step's micro batches; TP, CP ranks and stages share them.
-    batch_ids = [rank] if layout.dp == 2 else [0, 1]
-    result = _train_two_steps(model_dir, teacher_dir, parallel, batch_ids)
+    dp_rank = parallel_state.get_data_parallel_rank()
+    batch_ids = [dp_rank] if layout.dp == 2 else [0, 1]
+    result = _train_steps(model_dir, teacher_dir, parallel, batch_ids, trainer, steps)
     if rank == layout.world_size - 1:  # on the last stage, where losses are computed
         torch.save(result, out_path)
     destroy_parallel()
+
+
+def _train_in_processes(parallel, model_dir, teacher_dir, out_path, trainer=None, steps=2):
+    """What the last rank of `parallel` (spawned processes) reports after `steps` steps."""
+    args = (parallel, free_port(), model_dir, teacher_dir, out_path, trainer, steps)
+    world = ParallelSection(**parallel).world_size
+    mp.start_processes(_parallel_process, args=args, nprocs=world, start_method="spawn")
+    return torch.load(out_path)
+
+
+def _assert_same_metrics(one, two):
+    for step1, step2 in zip(one["metrics"], two["metrics"], strict=True):
+        assert step1.keys() == step2.keys()
+        for name, value in step1.items():
+            assert step2[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
 
 
 @pytest.mark.slow
@@ -357,17 +381,33 @@ def test_parallel_layouts_train_exactly_like_one_process(
 ):
     model_dir = request.getfixturevalue(f"tiny_{model}_dir")
     teacher = tiny_qwen2_dir  # same tokenizer; under TP it is split like the student
-    args = (parallel, free_port(), model_dir, teacher, tmp_path / "two.pt")
-    world = ParallelSection(**parallel).world_size
-    mp.start_processes(_parallel_process, args=args, nprocs=world, start_method="spawn")
-    two = torch.load(tmp_path / "two.pt")
-    one = _train_two_steps(model_dir, teacher, {}, [0, 1])
+    two = _train_in_processes(parallel, model_dir, teacher, tmp_path / "two.pt")
+    one = _train_steps(model_dir, teacher, {}, [0, 1])
     assert two["decoder_layers"] == one["decoder_layers"] // parallel.get("pp", 1)
-    for step1, step2 in zip(one["metrics"], two["metrics"], strict=True):
-        assert step1.keys() == step2.keys()
-        for name, value in step1.items():
-            assert step2[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+    _assert_same_metrics(one, two)
     torch.testing.assert_close(two["logprobs"], one["logprobs"], rtol=1e-5, atol=1e-5)
     assert one["state"].keys() == two["state"].keys()
     for name, tensor in one["state"].items():
         torch.testing.assert_close(two["state"][name], tensor, rtol=1e-4, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def qwen3_one_process(megatron_tp1, tiny_qwen3_dir, tiny_qwen2_dir):
+    """Three AdamW steps of the Qwen3 model in this process, the reference of every layout."""
+    return _train_steps(tiny_qwen3_dir, tiny_qwen2_dir, {}, [0, 1], CLIPPED_ADAMW, steps=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [{"pp": 2}, {"cp": 2}, {"dp": 2}], ids=["pp2", "cp2", "dp2"])
+def test_qwen3_layouts_train_like_one_process(
+    qwen3_one_process, tiny_qwen3_dir, tiny_qwen2_dir, tmp_path, parallel
+):
+    """Qwen3's per-head q/k norms need nothing of pipeline, context or data parallelism: a
+    stage holds its layers' norms whole, and their gradients are summed over cp and dp like
+    every other weight's (tp, where each rank normalises only its heads: test_qwen3.py).
+    Three AdamW steps of the RL losses with a distill term, every metric within 1e-4."""
+    path = tmp_path / "two.pt"
+    two = _train_in_processes(parallel, tiny_qwen3_dir, tiny_qwen2_dir, path, CLIPPED_ADAMW, 3)
+    assert two["decoder_layers"] == qwen3_one_process["decoder_layers"] // parallel.get("pp", 1)
+    _assert_same_metrics(qwen3_one_process, two)
+    torch.testing.assert_close(two["logprobs"], qwen3_one_process["logprobs"], rtol=1e-4, atol=1e-4)

@@ -228,9 +228,23 @@ def test_no_warning_when_the_trainer_fits(write_recipe, located, overrides) -> N
 
 def test_the_warning_names_what_to_change_for_the_largest_part(write_recipe, located) -> None:
     path = write_recipe(TINY_BF16)
-    # Short micro batches: the optimizer state is the largest part; more dp shards it.
+    # Short micro batches: the optimizer state is the largest part; bf16 moments shrink it,
+    # more dp shards it.
     [warning] = located(path, ["trainer.micro_batch_tokens=256", "resources.gpu_memory_gib=1"])
     assert "optimizer state is the largest part" in warning
+    assert warning.endswith(
+        "try trainer.optimizer_state: bfloat16 (AdamW's moments in 4 bytes, not 8), more "
+        "parallel.dp (the distributed optimizer shards its state over dp x cp) or more "
+        "parallel.tp or parallel.pp"
+    )
+    [warning] = located(
+        path,
+        [
+            "trainer.micro_batch_tokens=256",
+            "resources.gpu_memory_gib=1",
+            "trainer.optimizer_state=bfloat16",
+        ],
+    )
     assert warning.endswith(
         "try more parallel.dp (the distributed optimizer shards its state "
         "over dp x cp) or more parallel.tp or parallel.pp"

@@ -12,7 +12,10 @@ import pytest
 from ruamel.yaml import YAML
 
 from mtprun.preflight import check_recipe
+from mtprun.preflight.memory import GIB, recipe_trainer_memory
 from mtprun.spec.schema import recipe_json_schema
+
+from .test_model_families import QWEN3_8B
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 SCHEMA_LINE = "# yaml-language-server: $schema=schema.json"
@@ -49,6 +52,32 @@ def test_recipe_points_editors_at_the_schema(path: Path) -> None:
     )
     data = YAML(typ="safe").load(path)
     jsonschema.validate(data, json.loads((RECIPES / "schema.json").read_text()))
+
+
+# Example recipes of real checkpoints, with the config.json of each: their model.path holds no
+# weights in CI, so they validate above with the shape unknown, and here against the real one
+# (the rules that read the shape, and the memory estimate held against gpu_memory_gib).
+REAL_MODELS = {"qwen3-8b-grpo-math": QWEN3_8B}
+
+
+@pytest.mark.parametrize("stem", sorted(REAL_MODELS))
+def test_real_model_recipe_validates_against_its_config(tmp_path: Path, stem: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(REAL_MODELS[stem]))
+    path = RECIPES / "examples" / f"{stem}.yaml"
+    check = check_recipe(path, [f"model.path={tmp_path}"])
+    assert [str(d) for d in check.diagnostics] == []
+    memory = recipe_trainer_memory(check.recipe)
+    assert not isinstance(memory, str)
+    assert memory.total <= check.recipe.resources.gpu_memory_gib * GIB
+
+
+def test_qwen3_8b_math_needs_its_bf16_optimizer_state(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B))
+    path = RECIPES / "examples" / "qwen3-8b-grpo-math.yaml"
+    overrides = [f"model.path={tmp_path}", "trainer.optimizer_state=float32"]
+    [warning] = [str(d) for d in check_recipe(path, overrides).diagnostics]
+    assert "more than resources.gpu_memory_gib 80; optimizer state is the largest part" in warning
+    assert "try trainer.optimizer_state: bfloat16" in warning
 
 
 def test_committed_schema_matches_the_code() -> None:

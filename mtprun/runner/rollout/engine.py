@@ -5,7 +5,8 @@ several times faster than vLLM's engine-core subprocess and lets weight syncs pa
 reference. That process must not hold a torch.distributed group (vLLM makes its own and
 destroys it at shutdown), so trainers and engines live in separate processes. Weight sync
 goes through vLLM's in-place `reload_weights`, for the policy and, with MTP speculative
-decoding, for the drafter, which holds its own copy.
+decoding, for the drafter, which holds its own copy; on CPU, MoE experts are then prepacked
+again (`_prepack_cpu_experts`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,37 @@ def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> Non
         weights_path=None,
         is_checkpoint_format=True,
     )
+
+
+def _prepack_cpu_experts(worker: Any) -> int:
+    """Runs inside the vLLM worker after an in-place reload: put the CPU MoE experts' weights
+    back into the layout their kernel reads; returns how many layers it repacked.
+
+    vLLM 0.32's CPU experts (`CPUUnquantizedExperts` and its x86/Arm/Power kinds) prepack
+    w13/w2 into their grouped-GEMM layout in `process_weights_after_loading` of the experts
+    kernel, which `UnquantizedFusedMoEMethod._setup_kernel` calls only on the first load: a
+    reload (a weight update, `moe_kernel` already set) copies the checkpoint-layout weights
+    into the prepacked tensors and skips the prepack, so the kernel then reads unpacked weights
+    (log-probs off by ~1e-2 on a tiny Qwen3-MoE, greedy tokens diverging). This runs the same
+    prepack, vLLM's own, on the freshly reloaded weights. GPU experts have no such step."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:
+        return 0
+    runner = worker.model_runner
+    models = [runner.model]
+    drafter = getattr(runner, "drafter", None)
+    if drafter is not None and getattr(drafter, "model", None) is not None:
+        models.append(drafter.model)
+    repacked = 0
+    for model in models:
+        for layer in model.modules():
+            kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+            experts = getattr(kernel, "fused_experts", None)
+            if isinstance(experts, CPUUnquantizedExperts):
+                experts.process_weights_after_loading(layer)
+                repacked += 1
+    return repacked
 
 
 @dataclass(frozen=True)
@@ -155,6 +187,8 @@ class RolloutEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.rollout.speculative is not None:
             self.llm.collective_rpc(_reload_drafter, args=(weights,))
+        if not torch.cuda.is_available():
+            self.llm.collective_rpc(_prepack_cpu_experts)
         self.llm.reset_prefix_cache()
         self.version = version
         return time.perf_counter() - start

@@ -1,0 +1,216 @@
+"""A mixture-of-experts training step on the GPU (issue 24's benches (b) and (c)): mtprun's
+trainer (megatron-core MoE layer, grouped-GEMM experts) against transformers' Qwen3-MoE with
+`experts_implementation="grouped_mm"`, on a random-init model of Qwen3-30B-A3B's shape
+(hidden 2048, 32 / 4 heads of 128, 128 experts of width 768, top 8, vocab 151936) with its
+layers cut to `--layers`.
+
+Each trainer takes the same step of `--step-tokens` tokens (sequences of `--seq`) per GPU as
+one micro batch: bf16 weights, AdamW, grad clip 1.0, cross-entropy on 70% of the tokens.
+mtprun as in `trainer_gpu.py` (float32 main gradients, distributed optimizer); transformers
+with SDPA, its grouped-GEMM experts, a float32 full-logit loss and torch's fused AdamW on the
+bf16 weights. With `--ep N` only mtprun runs, on N GPUs as dp=N, ep=N (each rank its own
+tokens and 128/N experts); the last rank reports. Median of the timed steps after the
+warm-up ones; each row printed as a JSON line.
+
+MFU counts the parameters a token uses: [6 (active non-embedding params + H V) tokens +
+6 L Q s tokens] / step / (peak x GPUs), active = attention + norms + router + top_k experts
+per layer; Q = heads x head_dim (4096), s the sequence length.
+
+    python bench/moe_gpu.py                                   # (b): 4 layers, one H100
+    python bench/moe_gpu.py --layers 8 --ep 2 --trainers mtprun   # (c): two GPUs
+    python bench/moe_gpu.py --cpu-dry-run                     # tiny sizes on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from gpu_smoke_megatron import random_batch, smoke_recipe, spawn_ranks
+from trainer_gpu import GRAD_CLIP, LR, _free_memory, _peak_gib, time_steps
+
+from mtprun.compiler import compile_recipe
+from mtprun.data.tokenizer import build_tokenizer
+
+PEAK_TFLOPS = 989.0  # H100 SXM, dense bf16
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    hidden: int = 2048
+    layers: int = 4
+    heads: int = 32
+    kv_heads: int = 4
+    head_dim: int = 128
+    experts: int = 128
+    top_k: int = 8
+    expert_ffn: int = 768
+    vocab: int = 151936
+
+    def active_params(self) -> int:
+        """Non-embedding parameters one token runs through (its top_k experts)."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h + 2 * self.head_dim
+        moe = h * self.experts + self.top_k * 3 * h * self.expert_ffn
+        return self.layers * (attention + moe + 2 * h) + h
+
+    def step_flops(self, lengths: list[int]) -> float:
+        q = self.heads * self.head_dim
+        dense = 6 * (self.active_params() + self.hidden * self.vocab) * sum(lengths)
+        return dense + 6 * self.layers * q * sum(n * n for n in lengths)
+
+
+CPU_SHAPE = MoEShape(hidden=64, layers=2, heads=2, kv_heads=2, head_dim=32, experts=4,
+                     top_k=2, expert_ffn=32, vocab=256)  # fmt: skip
+
+
+def model_folder(shape: MoEShape, max_seq: int, root: Path, device: str) -> Path:
+    """A random-init Qwen3-MoE folder of `shape` (bf16 on a GPU), with a tokenizer."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=6144,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+        num_experts=shape.experts, num_experts_per_tok=shape.top_k,
+        moe_intermediate_size=shape.expert_ffn, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[], max_position_embeddings=max(max_seq, 4096), rope_theta=1e6,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):
+        model = Qwen3MoeForCausalLM(config).to(dtype)
+    folder = root / "qwen3-moe"
+    model.save_pretrained(folder)
+    build_tokenizer("chatml").save_pretrained(folder)
+    return folder
+
+
+def run_mtprun(folder: Path, batch, args: argparse.Namespace, layout: dict) -> list[float]:
+    from mtprun.runner.trainer.trainer import Trainer
+
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    trainer_section = {"micro_batch_tokens": args.step_tokens, "recompute": args.recompute}
+    recipe = smoke_recipe(folder, dtype, [{"kind": "ce"}], False, trainer_section, layout)
+    trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
+    times, _ = time_steps(lambda: trainer.train_step([batch])["loss"], args.warmup, args.steps,
+                          args.device)  # fmt: skip
+    return times
+
+
+def run_hf(folder: Path, batch, args: argparse.Namespace) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    implementation = args.hf_experts if args.device == "cuda" else "eager"
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation="sdpa", experts_implementation=implementation
+    ).to(args.device)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, fused=args.device == "cuda")
+    rows = batch.input_ids.numel() // args.seq
+    ids = batch.input_ids.view(rows, args.seq)
+    targets = torch.where(batch.loss_mask, batch.targets, -100).view(rows, args.seq)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(ids).logits.float()
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        return loss.detach()
+
+    times, _ = time_steps(step, args.warmup, args.steps, args.device)
+    return times
+
+
+def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> dict:
+    _free_memory(args.device)
+    lengths = [args.seq] * (args.step_tokens // args.seq)
+    batch = random_batch(shape.vocab, args.step_tokens, 0, False, args.device, lengths)
+    row = {"trainer": trainer, "layers": shape.layers, "ep": layout.get("ep", 1),
+           "tokens_per_gpu": args.step_tokens}  # fmt: skip
+    try:
+        times = (
+            run_mtprun(folder, batch, args, layout)
+            if trainer == "mtprun"
+            else run_hf(folder, batch, args)
+        )
+    except torch.OutOfMemoryError:
+        return {**row, "result": "OOM", "peak_gib": _peak_gib(args.device)}
+    except Exception as err:  # a failing row is reported and the run goes on
+        traceback.print_exc()
+        return {**row, "result": f"error: {err}"}
+    step = statistics.median(times)
+    gpus = layout.get("dp", 1)
+    mfu = shape.step_flops(lengths) * gpus / step / (PEAK_TFLOPS * 1e12 * gpus)
+    return {
+        **row,
+        "step_ms": round(step * 1e3, 1),
+        "tok_per_s_per_gpu": round(args.step_tokens / step),
+        "mfu_active": round(mfu, 4),
+        "peak_gib": _peak_gib(args.device),
+        "times_s": [round(t, 4) for t in times],
+    }
+
+
+def _rank_process(rank, port, out, folder, shape, args, layout) -> None:
+    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
+    from mtprun.spec.parallel import ParallelSection
+
+    parallel = ParallelSection(**layout)
+    init_parallel(parallel, rank, parallel.world_size, "127.0.0.1", port)
+    row = measure("mtprun", folder, shape, args, layout)
+    if rank == parallel.world_size - 1:
+        out.write_text(json.dumps([row]))
+    destroy_parallel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--step-tokens", type=int, default=16384, help="tokens per GPU a step")
+    parser.add_argument("--trainers", default="mtprun,hf")
+    parser.add_argument(
+        "--hf-experts", default="grouped_mm", help="transformers' experts_implementation"
+    )
+    parser.add_argument("--ep", type=int, default=1, help="GPUs as dp=ep=N (mtprun only)")
+    parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--cpu-dry-run", action="store_true")
+    args = parser.parse_args()
+    args.device = "cpu" if args.cpu_dry_run else "cuda"
+    shape = CPU_SHAPE if args.cpu_dry_run else MoEShape(layers=args.layers)
+    if args.cpu_dry_run:
+        args.seq, args.step_tokens, args.warmup, args.steps = 64, 256, 1, 1
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = model_folder(shape, args.seq, Path(tmp), args.device)
+        if args.ep > 1:
+            layout = {"dp": args.ep, "ep": args.ep}
+            rows = spawn_ranks(_rank_process, args.ep, (folder, shape, args, layout),
+                               gpus=args.device == "cuda")  # fmt: skip
+            print(json.dumps(rows[0]), flush=True)
+        else:
+            for trainer in args.trainers.split(","):
+                rows.append(measure(trainer, folder, shape, args, {}))
+                print(json.dumps(rows[-1]), flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps(rows, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
