@@ -72,6 +72,9 @@ def hf_to_megatron(
     for converter in _converters(shape):
         full.update(converter.to_megatron(tracked, shape))
     leftover = set(hf) - tracked.used - ({"lm_head.weight"} if shape.tie_embeddings else set())
+    unconverted = family_of(shape.architecture).unconverted
+    if unconverted is not None:
+        leftover = {name for name in leftover if not unconverted(name, shape.layers)}
     if leftover:
         raise ValueError(
             f"{source} has tensors that {shape.architecture} with {shape.layers} layers and "

@@ -16,11 +16,12 @@ no torch: `mtprun validate` reads shapes through it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mtprun.models.expert_shape import ExpertShape, qwen3_moe_experts
+from mtprun.models.expert_shape import ExpertShape, glm4_moe_experts, qwen3_moe_experts
 
 # The Qwen2-style decoder trunk (embedding, layers, final norm, output layer): every family's.
 DECODER = "mtprun.models.decoder"
@@ -33,8 +34,12 @@ class Family:
     architecture: str  # the HF `architectures` entry it reads
     vllm_architecture: str  # the vLLM model class that serves its export
     qkv_bias: Callable[[Mapping[str, Any]], bool]  # whether a config.json's model has them
-    qk_norm: bool = False  # RMSNorm over each query / key head before RoPE
+    # RMSNorm over each query / key head before RoPE, as a config.json declares it.
+    qk_norm: Callable[[Mapping[str, Any]], bool] = lambda config: False
     mtp: bool = False  # MiMo-style MTP layers (`num_nextn_predict_layers`)
+    # Checkpoint tensors it leaves out of conversion: (HF name, num_hidden_layers) -> bool;
+    # e.g. an MTP layer not trained yet. None: every tensor must convert.
+    unconverted: Callable[[str, int], bool] | None = None
     # Its mixture-of-experts MLP as a config.json declares it; None: a dense model.
     experts: Callable[[Mapping[str, Any]], ExpertShape] | None = None
     converters: tuple[str, ...] = (DECODER,)  # modules with to_megatron / to_hf, in order
@@ -48,6 +53,19 @@ def _always(config: Mapping[str, Any]) -> bool:
 
 def _attention_bias(config: Mapping[str, Any]) -> bool:
     return bool(config.get("attention_bias", False))
+
+
+def _use_qk_norm(config: Mapping[str, Any]) -> bool:
+    return bool(config.get("use_qk_norm", False))
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _past_the_decoder(name: str, layers: int) -> bool:
+    """A tensor of a layer after the decoder's last (DeepSeek-V3-style MTP layers)."""
+    match = _LAYER.match(name)
+    return match is not None and int(match.group(1)) >= layers
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -66,7 +84,7 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen3ForCausalLM",
         "Qwen3ForCausalLM",
         qkv_bias=_attention_bias,
-        qk_norm=True,
+        qk_norm=_always,
         tiny="qwen3",
         tiny_config="Qwen3Config",
     ),
@@ -75,11 +93,26 @@ FAMILIES: tuple[Family, ...] = (
         "Qwen3MoeForCausalLM",
         "Qwen3MoeForCausalLM",
         qkv_bias=_attention_bias,
-        qk_norm=True,
+        qk_norm=_always,
         experts=qwen3_moe_experts,
         converters=(DECODER, "mtprun.models.moe"),
         tiny="qwen3_moe",
         tiny_config="Qwen3MoeConfig",
+    ),
+    # GLM-4.5 / 4.6 / -Air: leading dense layers, then a sigmoid router with a correction bias
+    # and grouped top-k over routed experts plus a shared expert; q/k/v biases, optional q/k
+    # norms, RoPE over part of each head. Its MTP layer (`model.layers.{num_hidden_layers}`)
+    # is not trained or served yet: conversion leaves it out.
+    Family(
+        "Glm4MoeForCausalLM",
+        "Glm4MoeForCausalLM",
+        qkv_bias=_attention_bias,
+        qk_norm=_use_qk_norm,
+        experts=glm4_moe_experts,
+        converters=(DECODER, "mtprun.models.moe"),
+        unconverted=_past_the_decoder,
+        tiny="glm4_moe",
+        tiny_config="Glm4MoeConfig",
     ),
 )
 

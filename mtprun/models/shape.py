@@ -40,6 +40,9 @@ HF_CONFIG_KEYS = {
     "max_seq_len": "max_position_embeddings",
 }
 
+# The tiny builder's RoPE share for families that rotate part of each head (GLM-4.5's).
+_TINY_ROTARY_FRACTION = {"glm4_moe": 0.5}
+
 # What a config.json that leaves a field out means (transformers' defaults for these families).
 _DEFAULT_RMS_NORM_EPS = 1e-6
 _DEFAULT_ROPE_THETA = 10000.0
@@ -61,6 +64,7 @@ class ModelShape:
     qkv_bias: bool = True  # Qwen2 and MiMo have q/k/v biases
     qk_norm: bool = False  # Qwen3 RMS-normalises each query and key head before RoPE
     mtp_layers: int = 0
+    rotary_fraction: float = 1.0  # the share of each head's channels RoPE rotates (GLM: 0.5)
     rms_norm_eps: float = _DEFAULT_RMS_NORM_EPS
     rope_theta: float = _DEFAULT_ROPE_THETA
     max_seq_len: int = _DEFAULT_MAX_SEQ_LEN
@@ -106,8 +110,12 @@ class ModelShape:
             vocab=int(config[key["vocab"]]),
             tie_embeddings=bool(config.get(key["tie_embeddings"], False)),
             qkv_bias=family.qkv_bias(config) if family else True,
-            qk_norm=family.qk_norm if family else False,
-            mtp_layers=int(config.get(key["mtp_layers"]) or 0),
+            qk_norm=family.qk_norm(config) if family else False,
+            # Only a family that trains MTP layers has them (GLM-4.5's is left out for now).
+            mtp_layers=int(config.get(key["mtp_layers"]) or 0) if not family or family.mtp else 0,
+            rotary_fraction=float(
+                rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+            ),
             rms_norm_eps=float(config.get(key["rms_norm_eps"], _DEFAULT_RMS_NORM_EPS)),
             rope_theta=float(
                 rope.get("rope_theta", config.get(key["rope_theta"], _DEFAULT_ROPE_THETA))
@@ -156,7 +164,8 @@ class ModelShape:
             mtp_layers=tiny.mtp_layers,
             max_seq_len=tiny.max_seq_len,
             qkv_bias=family.qkv_bias({}),  # a tiny config leaves `attention_bias` unset
-            qk_norm=family.qk_norm,
+            qk_norm=family.qk_norm({}),  # a tiny config leaves `use_qk_norm` unset
+            rotary_fraction=_TINY_ROTARY_FRACTION.get(tiny.architecture, 1.0),
             architecture=family.architecture,
             experts=_tiny_experts(tiny) if family.experts else None,
         )

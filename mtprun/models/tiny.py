@@ -62,15 +62,34 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Pretrain
         config.head_dim = spec.head_dim
     config.architectures = [family.architecture]
     if family.experts:
-        config.num_experts = spec.experts.count
-        config.num_experts_per_tok = spec.experts.top_k
-        config.moe_intermediate_size = spec.experts.intermediate
-        config.norm_topk_prob = True  # as the released Qwen3-MoE checkpoints
-        config.decoder_sparse_step = 1
-        config.mlp_only_layers = []
+        for name, value in _expert_fields(spec).items():
+            setattr(config, name, value)
     if family.mtp:
         config.num_nextn_predict_layers = spec.mtp_layers
     return config
+
+
+def _expert_fields(spec: TinyModel) -> dict[str, object]:
+    """The config.json fields of a tiny MoE family's experts (every layer sparse, except
+    GLM-4.5's first when there are several, as its `first_k_dense_replace` keeps dense)."""
+    experts = spec.experts
+    common = {
+        "num_experts_per_tok": experts.top_k,
+        "moe_intermediate_size": experts.intermediate,
+        "norm_topk_prob": True,  # as the released checkpoints
+    }
+    if spec.architecture == "glm4_moe":
+        return {
+            **common,
+            "n_routed_experts": experts.count,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1 if spec.layers > 1 else 0,
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.0,
+            "num_nextn_predict_layers": 0,  # GLM's MTP layer is not trained yet
+        }
+    return {**common, "num_experts": experts.count, "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
 def random_mtp_layers(config: Qwen2Config, count: int) -> dict[str, torch.Tensor]:

@@ -18,6 +18,9 @@ VLLM_CPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 
 VOCAB_MULTIPLE = 128
 
 
+MOE_ARCHITECTURES = ("qwen3_moe", "glm4_moe")  # the tiny architectures with experts
+
+
 class TinyExperts(Section):
     """The mixture-of-experts MLP of a tiny MoE model (every layer sparse)."""
 
@@ -29,10 +32,12 @@ class TinyExperts(Section):
 class TinyModel(Section):
     """A small random-init model built locally (no hub download)."""
 
-    architecture: Literal["qwen2", "qwen3", "qwen3_moe", "mimo"] = Field(
+    architecture: Literal["qwen2", "qwen3", "qwen3_moe", "glm4_moe", "mimo"] = Field(
         "qwen2",
         description="qwen2: a Qwen2 decoder; qwen3: a Qwen3 decoder (per-head q/k norms, no "
         "q/k/v biases); qwen3_moe: Qwen3 attention with a mixture-of-experts MLP (`experts`); "
+        "glm4_moe: GLM-4.5 (a dense first layer, then a sigmoid router over `experts` plus a "
+        "shared expert, RoPE on half of each head); "
         "mimo: Qwen2 plus MiMo-style MTP layers (needed for MTP losses and MTP speculative "
         "decoding).",
     )
@@ -59,13 +64,13 @@ class TinyModel(Section):
     max_seq_len: int = Field(512, ge=1, description="Maximum sequence length (positions).")
     experts: TinyExperts | None = Field(
         None,
-        description="The experts of a mixture-of-experts architecture (qwen3_moe only); null "
-        "there takes the defaults.",
+        description="The experts of a mixture-of-experts architecture (qwen3_moe, glm4_moe); "
+        "null there takes the defaults.",
     )
 
     @model_validator(mode="after")
     def _experts_default(self) -> TinyModel:
-        if self.architecture == "qwen3_moe" and self.experts is None:
+        if self.architecture in MOE_ARCHITECTURES and self.experts is None:
             self.experts = TinyExperts()
         return self
 

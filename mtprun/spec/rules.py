@@ -22,7 +22,7 @@ from mtprun.spec.actors import ActorDemand
 from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity
-from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
+from mtprun.spec.model import MOE_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
 from mtprun.spec.sections import RecipeSections
 
 if TYPE_CHECKING:
@@ -243,16 +243,38 @@ def _tiny_model_shape(r: RecipeSections) -> Iterator[Issue]:
             (*where, "mtp_layers"),
             f"MTP layers need architecture 'mimo', not '{tiny.architecture}'",
         )
-    if tiny.experts is not None and tiny.architecture != "qwen3_moe":
+    if tiny.experts is not None and tiny.architecture not in MOE_ARCHITECTURES:
         yield Issue(
             (*where, "experts"),
-            f"experts need a mixture-of-experts architecture (qwen3_moe), not "
-            f"'{tiny.architecture}'; drop model.tiny.experts or set architecture: qwen3_moe",
+            f"experts need a mixture-of-experts architecture ({', '.join(MOE_ARCHITECTURES)}), "
+            f"not '{tiny.architecture}'; drop model.tiny.experts or set architecture: qwen3_moe",
         )
     elif tiny.experts is not None and tiny.experts.top_k > tiny.experts.count:
         yield Issue(
             (*where, "experts", "top_k"),
             f"top_k {tiny.experts.top_k} is more than the {tiny.experts.count} experts",
+        )
+
+
+# vLLM-cpu (0.32) pads an expert width that is not a multiple of this for its MoE kernel, and
+# its weight reload then copies the unpadded checkpoint tensors into the padded ones and fails
+# ("The size of tensor a (128) must match the size of tensor b (96)" at width 48).
+VLLM_CPU_EXPERT_WIDTH_MULTIPLE = 32
+
+
+@rule("model")
+def _tiny_expert_width_fits_vllm_cpu(r: RecipeSections) -> Iterator[Issue]:
+    tiny = r.model.tiny
+    if tiny is None or tiny.experts is None:
+        return
+    width, multiple = tiny.experts.intermediate, VLLM_CPU_EXPERT_WIDTH_MULTIPLE
+    if width % multiple:
+        fits = [n for n in (width // multiple * multiple, -(-width // multiple) * multiple) if n]
+        yield Issue(
+            ("model", "tiny", "experts", "intermediate"),
+            f"expert width {width} is not a multiple of {multiple}: vLLM-cpu pads other widths "
+            "and its weight reload into the rollout engines then fails; write "
+            + " or ".join(map(str, fits)),
         )
 
 

@@ -41,6 +41,7 @@ def test_lists_of_architectures_come_from_the_families():
         "MiMoForCausalLM",
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
+        "Glm4MoeForCausalLM",
     )
     assert {f.vllm_architecture for f in FAMILIES} >= set(SUPPORTED_ARCHITECTURES)
     assert TINY_ARCHITECTURES == {
@@ -48,6 +49,7 @@ def test_lists_of_architectures_come_from_the_families():
         "mimo": "MiMoForCausalLM",
         "qwen3": "Qwen3ForCausalLM",
         "qwen3_moe": "Qwen3MoeForCausalLM",
+        "glm4_moe": "Glm4MoeForCausalLM",
     }
     tiny_names = set(TinyModel.model_fields["architecture"].annotation.__args__)
     assert tiny_names == set(TINY_ARCHITECTURES)
@@ -63,7 +65,7 @@ def test_qwen3_config_reads_its_norms_biases_and_head_dim():
 
 
 def test_unsupported_architectures_are_named_with_the_supported_ones():
-    config = {**QWEN3_8B, "architectures": ["Glm4MoeForCausalLM"]}
+    config = {**QWEN3_8B, "architectures": ["DeepseekV3ForCausalLM"]}
     with pytest.raises(ValueError, match=r"has none mtprun supports \(.*Qwen3ForCausalLM"):
         ModelShape.from_hf_config(config)
 

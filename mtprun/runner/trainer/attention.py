@@ -223,6 +223,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 def _rotate_qk(query, key, cos, sin):
+    width = cos.shape[-1]
+    if width < query.shape[-1]:  # RoPE on the first `width` channels (GLM-4.5), the rest as is
+        q, k = _rotate_qk(query[..., :width], key[..., :width], cos, sin)
+        return torch.cat([q, query[..., width:]], -1), torch.cat([k, key[..., width:]], -1)
     if query.is_cuda:
         from mtprun.kernels.rope import rotate_qk  # Triton: imported where a GPU runs it
 

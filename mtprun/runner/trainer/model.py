@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
 
 from mtprun.models import hf_to_megatron
+from mtprun.models.expert_shape import ExpertShape
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
 from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
@@ -135,6 +136,7 @@ def moe_config_options(shape: ModelShape, moe: MoEOptions) -> dict[str, Any]:
     experts = shape.experts
     if experts is None:
         return {}
+    _check_router_maps(experts)
     return {
         "num_moe_experts": experts.count,
         "moe_router_topk": experts.top_k,
@@ -154,6 +156,23 @@ def moe_config_options(shape: ModelShape, moe: MoEOptions) -> dict[str, Any]:
         "moe_router_dtype": "fp32",
         "expert_model_parallel_size": moe.ep,
     }
+
+
+def _check_router_maps(experts: ExpertShape) -> None:
+    """Refuse routers that megatron-core's TopKRouter computes differently from the HF
+    model: it always renormalises sigmoid scores over the top k, and ranks each expert group
+    by its best top_k / group_top_k scores (DeepSeek-V3 and GLM-4.5 rank by the best 2)."""
+    if experts.score == "sigmoid" and experts.top_k > 1 and not experts.normalize_top_k:
+        raise ValueError(
+            "a sigmoid router without norm_topk_prob is not supported: megatron-core's router "
+            "renormalises the chosen scores"
+        )
+    if experts.groups > 1 and experts.top_k // experts.group_top_k != 2:
+        raise ValueError(
+            f"grouped top-k with num_experts_per_tok {experts.top_k} and topk_group "
+            f"{experts.group_top_k} is not supported: megatron-core ranks groups by their best "
+            f"{experts.top_k // experts.group_top_k} scores and the HF model by their best 2"
+        )
 
 
 class MiMoMTPLayer(torch.nn.Module):
@@ -215,6 +234,7 @@ class PolicyModel(GPTModel):
             # Split over stages, a tied model's output layer is a copy (see pp_layout).
             share_embeddings_and_output_weights=shape.tie_embeddings and stage.size == 1,
             position_embedding_type="rope",
+            rotary_percent=shape.rotary_fraction,
             rotary_base=int(shape.rope_theta),
         )
         self.shape = shape
@@ -452,11 +472,22 @@ def load_policy_model(
     losses and the fusions of a CUDA device."""
     fused = torch.device(device).type == "cuda"
     model = PolicyModel(shape, stage, recompute, dtype, fused, moe).to(device=device, dtype=dtype)
+    _keep_router_biases_float32(model)
     weights = hf_to_megatron(
         read_hf_weights(model_dir), shape, tp_rank, tp_size, str(model_dir), *ep
     )
     load_megatron_weights(model, stage_tensors(weights, shape, model.stage))
     return model
+
+
+def _keep_router_biases_float32(model: torch.nn.Module) -> None:
+    """A router's score-correction bias only ranks experts, by differences far below bf16's
+    resolution: keep it float32 under bf16 weights (megatron-core's router does so too, but
+    only from its first forward, after the checkpoint would have been rounded)."""
+    for module in model.modules():
+        bias = getattr(module, "expert_bias", None)
+        if isinstance(bias, torch.Tensor):
+            bias.data = bias.data.float()
 
 
 def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
