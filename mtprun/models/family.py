@@ -36,7 +36,10 @@ class Family:
     qkv_bias: Callable[[Mapping[str, Any]], bool]  # whether a config.json's model has them
     # RMSNorm over each query / key head before RoPE, as a config.json declares it.
     qk_norm: Callable[[Mapping[str, Any]], bool] = lambda config: False
-    mtp: bool = False  # MiMo-style MTP layers (`num_nextn_predict_layers`)
+    mtp: bool = False  # MTP layers (`num_nextn_predict_layers`), trained and served as drafter
+    # Its MTP layers' input: [embedding, hidden] (DeepSeek-V3, GLM-4.5) or [hidden, embedding]
+    # (MiMo).
+    mtp_embedding_first: bool = False
     # Checkpoint tensors it leaves out of conversion: (HF name, num_hidden_layers) -> bool;
     # e.g. an MTP layer not trained yet. None: every tensor must convert.
     unconverted: Callable[[str, int], bool] | None = None
@@ -59,12 +62,13 @@ def _use_qk_norm(config: Mapping[str, Any]) -> bool:
     return bool(config.get("use_qk_norm", False))
 
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_MTP_COPY = re.compile(r"^model\.layers\.(\d+)\.(shared_head\.head|embed_tokens)\.weight$")
 
 
-def _past_the_decoder(name: str, layers: int) -> bool:
-    """A tensor of a layer after the decoder's last (DeepSeek-V3-style MTP layers)."""
-    match = _LAYER.match(name)
+def _mtp_copy(name: str, layers: int) -> bool:
+    """A DeepSeek-V3-style MTP layer's copy of the trunk's output layer or embedding (the
+    drafter uses the trunk's own)."""
+    match = _MTP_COPY.match(name)
     return match is not None and int(match.group(1)) >= layers
 
 
@@ -101,16 +105,18 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # GLM-4.5 / 4.6 / -Air: leading dense layers, then a sigmoid router with a correction bias
     # and grouped top-k over routed experts plus a shared expert; q/k/v biases, optional q/k
-    # norms, RoPE over part of each head. Its MTP layer (`model.layers.{num_hidden_layers}`)
-    # is not trained or served yet: conversion leaves it out.
+    # norms, RoPE over part of each head; DeepSeek-V3-style MTP layers after the decoder's
+    # (`model.layers.{num_hidden_layers + i}`), vLLM's `glm4_moe_mtp` drafter.
     Family(
         "Glm4MoeForCausalLM",
         "Glm4MoeForCausalLM",
         qkv_bias=_attention_bias,
         qk_norm=_use_qk_norm,
+        mtp=True,
+        mtp_embedding_first=True,
         experts=glm4_moe_experts,
-        converters=(DECODER, "mtprun.models.moe"),
-        unconverted=_past_the_decoder,
+        converters=(DECODER, "mtprun.models.moe", "mtprun.models.glm_mtp"),
+        unconverted=_mtp_copy,
         tiny="glm4_moe",
         tiny_config="Glm4MoeConfig",
     ),

@@ -38,7 +38,7 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Pretrain
     if spec.heads % spec.kv_heads:
         raise ValueError(f"model.tiny: heads={spec.heads} must be a multiple of kv_heads")
     if spec.mtp_layers and not family.mtp:
-        raise ValueError("model.tiny: mtp_layers needs architecture: mimo")
+        raise ValueError("model.tiny: mtp_layers needs architecture: mimo or glm4_moe")
     vocab = spec.vocab_size(len(tokenizer))
     if vocab < len(tokenizer):
         raise ValueError(
@@ -87,7 +87,6 @@ def _expert_fields(spec: TinyModel) -> dict[str, object]:
             "n_group": 1,
             "topk_group": 1,
             "routed_scaling_factor": 1.0,
-            "num_nextn_predict_layers": 0,  # GLM's MTP layer is not trained yet
         }
     return {**common, "num_experts": experts.count, "decoder_sparse_step": 1, "mlp_only_layers": []}
 
@@ -115,6 +114,21 @@ def random_mtp_layers(config: Qwen2Config, count: int) -> dict[str, torch.Tensor
     return tensors
 
 
+def deepseek_mtp_norms(config: PretrainedConfig, count: int) -> dict[str, torch.Tensor]:
+    """The own tensors of DeepSeek-V3-style MTP layers (GLM-4.5): `enorm`, `hnorm`,
+    `shared_head.norm` (ones) and `eh_proj` (normal(0, initializer_range)) of each, under
+    `model.layers.{num_hidden_layers + i}.`; their decoder layers are drawn as extra decoder
+    layers of the model (`build_tiny_model`)."""
+    hidden, std = config.hidden_size, config.initializer_range
+    tensors = {}
+    for i in range(count):
+        prefix = f"model.layers.{config.num_hidden_layers + i}."
+        for norm in ("enorm", "hnorm", "shared_head.norm"):
+            tensors[f"{prefix}{norm}.weight"] = torch.ones(hidden)
+        tensors[prefix + "eh_proj.weight"] = torch.randn(hidden, 2 * hidden) * std
+    return tensors
+
+
 def build_tiny_model(
     spec: TinyModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, seed: int
 ) -> Path:
@@ -122,18 +136,24 @@ def build_tiny_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     config = tiny_config(spec, tokenizer)
+    family = family_of(TINY_ARCHITECTURES[spec.architecture])
+    # A DeepSeek-style MTP layer's decoder layer is stored as one more decoder layer.
+    extra_layers = spec.mtp_layers if family.mtp_embedding_first else 0
+    config.num_hidden_layers += extra_layers
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     # transformers writes its checkpoint layout (per-expert MoE tensors, a tied output layer
     # stored once as the embedding), which is what vLLM and mtprun read.
     model.save_pretrained(out_dir)
+    config.num_hidden_layers -= extra_layers
     (out_dir / "generation_config.json").unlink(missing_ok=True)  # sampling is the recipe's
     if spec.mtp_layers:
         weights = out_dir / "model.safetensors"
-        tensors = {**load_file(str(weights)), **random_mtp_layers(config, spec.mtp_layers)}
+        own = deepseek_mtp_norms if family.mtp_embedding_first else random_mtp_layers
+        tensors = {**load_file(str(weights)), **own(config, spec.mtp_layers)}
         save_file(tensors, str(weights), metadata={"format": "pt"})
     # save_pretrained names the transformers class it saved (Qwen2 for MiMo): name the family.
-    config.architectures = [family_of(TINY_ARCHITECTURES[spec.architecture]).architecture]
+    config.architectures = [family.architecture]
     config.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

@@ -19,6 +19,7 @@ VOCAB_MULTIPLE = 128
 
 
 MOE_ARCHITECTURES = ("qwen3_moe", "glm4_moe")  # the tiny architectures with experts
+MTP_ARCHITECTURES = ("mimo", "glm4_moe")  # the tiny architectures with MTP layers
 
 
 class TinyExperts(Section):
@@ -58,7 +59,7 @@ class TinyModel(Section):
         f"of {VOCAB_MULTIPLE} (so every usual tensor-parallel size divides it).",
     )
     mtp_layers: int = Field(
-        0, ge=0, description="Multi-token-prediction layers (architecture mimo only)."
+        0, ge=0, description="Multi-token-prediction layers (architecture mimo or glm4_moe)."
     )
     tie_embeddings: bool = Field(False, description="Share the input embedding and output layer.")
     max_seq_len: int = Field(512, ge=1, description="Maximum sequence length (positions).")

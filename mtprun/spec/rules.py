@@ -22,7 +22,7 @@ from mtprun.spec.actors import ActorDemand
 from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity
-from mtprun.spec.model import MOE_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
+from mtprun.spec.model import MOE_ARCHITECTURES, MTP_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
 from mtprun.spec.sections import RecipeSections
 
 if TYPE_CHECKING:
@@ -238,10 +238,11 @@ def _tiny_model_shape(r: RecipeSections) -> Iterator[Issue]:
         yield Issue(
             (*where, "kv_heads"), f"heads {tiny.heads} is not divisible by kv_heads {tiny.kv_heads}"
         )
-    if tiny.mtp_layers and tiny.architecture != "mimo":
+    if tiny.mtp_layers and tiny.architecture not in MTP_ARCHITECTURES:
         yield Issue(
             (*where, "mtp_layers"),
-            f"MTP layers need architecture 'mimo', not '{tiny.architecture}'",
+            f"MTP layers need architecture {' or '.join(map(repr, MTP_ARCHITECTURES))}, not "
+            f"'{tiny.architecture}'",
         )
     if tiny.experts is not None and tiny.architecture not in MOE_ARCHITECTURES:
         yield Issue(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import (
     AutoConfig,
     Glm4MoeForCausalLM,
@@ -71,14 +71,13 @@ def build_glm4_moe_folder(tokenizer: PreTrainedTokenizerBase, out_dir: Path, see
     (`first_k_dense_replace`), layer 1 with 4 routed experts of width 32 in 2 groups (the best
     group kept, `topk_group` 1), top-2 sigmoid routing with a random correction bias and
     `routed_scaling_factor` 2.5, a shared expert, q/k/v biases, q/k norms, RoPE on half of
-    each head; plus an MTP layer's tensors (`model.layers.2.*`), which mtprun leaves out."""
+    each head (no MTP layer: `test_glm4_moe.py` builds one on its own)."""
     experts = TinyExperts(count=4, top_k=2, intermediate=32)
     spec = TinyModel(architecture="glm4_moe", experts=experts, **TINY)
     folder = build_tiny_model(spec, tokenizer, out_dir, seed=seed)
     config = AutoConfig.from_pretrained(folder)
     config.n_group, config.topk_group, config.routed_scaling_factor = 2, 1, 2.5
     config.attention_bias, config.use_qk_norm = True, True
-    config.num_nextn_predict_layers = 1
     torch.manual_seed(seed)
     model = Glm4MoeForCausalLM(config)
     with torch.no_grad():
@@ -94,11 +93,4 @@ def build_glm4_moe_folder(tokenizer: PreTrainedTokenizerBase, out_dir: Path, see
                 buffer.copy_(0.3 * torch.randn_like(buffer))
     model.save_pretrained(folder)
     (folder / "generation_config.json").unlink(missing_ok=True)
-    weights = folder / "model.safetensors"
-    tensors = load_file(str(weights))
-    mtp = {
-        "model.layers.2.eh_proj.weight": torch.randn(64, 128),
-        "model.layers.2.enorm.weight": torch.ones(64),
-    }
-    save_file({**tensors, **mtp}, str(weights), metadata={"format": "pt"})
     return folder

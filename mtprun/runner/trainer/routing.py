@@ -86,10 +86,12 @@ class RouterStats:
     def step_metrics(self, dp_group: dist.ProcessGroup | None) -> dict[str, Any]:
         """This step's metrics as device scalars (one reduction over the data-parallel
         group), and a fresh start for the next step; {} without routers or tokens."""
-        if not self.routers or not self._tokens:
+        # Routers that saw no token this step (MTP layers without an mtp term) are left out.
+        seen = [i for i, c in enumerate(self._counts) if isinstance(c, torch.Tensor)]
+        if not seen or not self._tokens:
             return {}
-        counts = torch.stack([torch.as_tensor(c) for c in self._counts])
-        aux = torch.stack([torch.as_tensor(a) for a in self._aux]) / self._tokens
+        counts = torch.stack([self._counts[i] for i in seen])
+        aux = torch.stack([self._aux[i] for i in seen]) / self._tokens
         summed = torch.cat([counts.flatten(), aux])
         if dp_group is not None and dist.get_world_size(dp_group) > 1:
             dist.all_reduce(summed, group=dp_group)
