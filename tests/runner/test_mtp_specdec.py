@@ -1,6 +1,7 @@
-"""recipes/mtp-specdec.yaml end to end: the rollout engine drafts with the policy's MTP head,
-the decoupled `mtp` term trains that head on the rollouts, and the draft acceptance rate that
-MLflow records rises from chance to most drafts accepted."""
+"""recipes/mtp-specdec.yaml (MiMo) and recipes/examples/glm4-moe-mtp-specdec.yaml (GLM-4.5:
+a sparse MTP layer, vLLM's glm4_moe_mtp drafter) end to end: the rollout engine drafts with
+the policy's MTP head, the decoupled `mtp` term trains that head on the rollouts, and the
+draft acceptance rate that MLflow records rises from chance to most drafts accepted."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from .cli_run import finished_run
 
 pytestmark = pytest.mark.slow
 
-RECIPE = Path(__file__).parents[2] / "recipes" / "mtp-specdec.yaml"
+RECIPES = Path(__file__).parents[2] / "recipes"
 RL_STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def specdec_run():
-    with finished_run(RECIPE, f"trainer.steps={RL_STEPS}", prefix="mtp") as record:
+@pytest.fixture(
+    scope="module",
+    params=["mtp-specdec.yaml", "examples/glm4-moe-mtp-specdec.yaml"],
+    ids=["mimo", "glm4_moe"],
+)
+def specdec_run(request):
+    recipe = RECIPES / request.param
+    with finished_run(recipe, f"trainer.steps={RL_STEPS}", prefix="mtp") as record:
         yield record
 
 
