@@ -97,12 +97,50 @@ def run_mtprun(folder: Path, batch, args: argparse.Namespace, layout: dict) -> l
     from mtprun.runner.trainer.trainer import Trainer
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
-    trainer_section = {"micro_batch_tokens": args.step_tokens, "recompute": args.recompute}
+    trainer_section = {
+        "micro_batch_tokens": args.step_tokens,
+        "recompute": args.recompute,
+        "optimizer_state": args.optimizer_state,
+    }
     recipe = smoke_recipe(folder, dtype, [{"kind": "ce"}], False, trainer_section, layout)
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
     times, _ = time_steps(lambda: trainer.train_step([batch])["loss"], args.warmup, args.steps,
                           args.device)  # fmt: skip
+    if args.profile:
+        print(json.dumps(profile_one_step(lambda: trainer.train_step([batch]), args.top)))
     return times
+
+
+def profile_one_step(step, top: int) -> dict:
+    """GPU ms of one step by kernel kind, the top kernels and the longest idle gaps
+    (`profile_step.py`'s grouping)."""
+    from profile_step import idle_gaps, kind_of
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels = [
+        e
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+        and e.device_type.name == "CUDA"
+        and not getattr(e, "is_user_annotation", False)
+    ]
+    kinds: dict[str, float] = {}
+    for e in kernels:
+        kinds[kind_of(e.key)] = kinds.get(kind_of(e.key), 0.0) + e.device_time_total / 1e3
+    idle_ms, gaps = idle_gaps(prof, top)
+    return {
+        "gpu_busy_ms": round(sum(kinds.values()), 1),
+        "gpu_idle_ms": idle_ms,
+        "kinds_ms": {k: round(v, 1) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
+        "top": [
+            [e.key[:80], round(e.device_time_total / 1e3, 2), e.count]
+            for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]
+        ],
+        "idle_gaps": gaps,
+    }
 
 
 def run_hf(folder: Path, batch, args: argparse.Namespace) -> list[float]:
@@ -138,6 +176,8 @@ def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> 
     batch = random_batch(shape.vocab, args.step_tokens, 0, False, args.device, lengths)
     row = {"trainer": trainer, "layers": shape.layers, "ep": layout.get("ep", 1),
            "tokens_per_gpu": args.step_tokens}  # fmt: skip
+    if trainer == "mtprun":
+        row["optimizer_state"] = args.optimizer_state
     try:
         times = (
             run_mtprun(folder, batch, args, layout)
@@ -185,9 +225,15 @@ def main() -> None:
     )
     parser.add_argument("--ep", type=int, default=1, help="GPUs as dp=ep=N (mtprun only)")
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    parser.add_argument(
+        "--optimizer-state", default="float32", choices=("float32", "bfloat16"),
+        help="mtprun's AdamW moments (trainer.optimizer_state)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", action="store_true", help="profile one mtprun step")
+    parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cpu-dry-run", action="store_true")
     args = parser.parse_args()
     args.device = "cpu" if args.cpu_dry_run else "cuda"
