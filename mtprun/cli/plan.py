@@ -1,5 +1,6 @@
-"""`mtprun plan RECIPE [KEY=VALUE ...] [--json]`: the fused head-loss plan of a recipe, the
-trainer's estimated memory per rank and, for RL, the shape of the rollout loop."""
+"""`mtprun plan RECIPE [KEY=VALUE ...] [--json]`: the fused head-loss plan of a recipe, its
+trunk terms (router losses), a mixture-of-experts model's experts per rank, the trainer's
+estimated memory per rank and, for RL, the shape of the rollout loop."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from mtprun import losses
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
 from mtprun.preflight import check_recipe
 from mtprun.spec import Recipe
+from mtprun.spec.rules import trunk_terms
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
     from mtprun.compiler.estimate import HeadCost
+    from mtprun.models.shape import ModelShape
     from mtprun.preflight.memory import TrainerMemory
 
 
@@ -35,8 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--json",
         action="store_true",
         help="Print the HeadPlan JSON (HeadPlan.from_json reads it) with the trainer's memory "
-        "per rank in bytes under `trainer_memory` (null when the model shape is unknown) and "
-        "the RL loop's shape under `rollout_loop` (null without a task).",
+        "per rank in bytes under `trainer_memory` (null when the model shape is unknown), the "
+        "trunk terms under `trunk_terms`, a mixture-of-experts model's layout under `experts` "
+        "(null for a dense or unknown model) and the RL loop's shape under `rollout_loop` "
+        "(null without a task).",
     )
     parser.add_argument(
         "--head",
@@ -67,15 +72,24 @@ def run(args: argparse.Namespace) -> int:
     recipe = check.recipe
     plan = compile_recipe(recipe)
     memory = recipe_trainer_memory(recipe, plan)
+    experts = _experts_layout(recipe, memory)
     if args.json:
-        # The HeadPlan's own keys (HeadPlan.from_json reads them and ignores this one).
+        # The HeadPlan's own keys (HeadPlan.from_json reads them and ignores these).
         data = plan.to_dict()
         data["trainer_memory"] = None if isinstance(memory, str) else memory.to_dict()
+        data["trunk_terms"] = [
+            {"kind": t.kind, "weight": t.weight, "description": t.describe()[1]}
+            for _, t in trunk_terms(recipe)
+        ]
+        data["experts"] = experts
         data["rollout_loop"] = _rollout_loop(recipe)
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         cost = _cost(recipe, plan, args.head)
-        parts = [_overview(recipe, plan, cost), _terms_table(plan), _memory_table(recipe, memory)]
+        parts = [_overview(recipe, plan, cost), _terms_table(recipe, plan)]
+        if experts is not None:
+            parts.append(_experts_table(experts))
+        parts.append(_memory_table(recipe, memory))
         if recipe.task is not None:
             parts.append(_loop_table(recipe))
         Console().print(Group(*parts))
@@ -211,7 +225,9 @@ def _policy_rows(recipe: Recipe, plan: HeadPlan) -> list[tuple[str, str]]:
     return rows
 
 
-def _terms_table(plan: HeadPlan) -> Table:
+def _terms_table(recipe: Recipe, plan: HeadPlan) -> Table:
+    """The head plan's terms, then the recipe's trunk terms (router losses) with their plan
+    line: megatron-core computes them inside the trunk, the head kernel never sees them."""
     table = Table(title="terms")
     table.add_column("kind")
     table.add_column("weight", justify="right")
@@ -220,6 +236,93 @@ def _terms_table(plan: HeadPlan) -> Table:
         settings = term.model_dump(exclude={"kind", "weight", "coef"})
         shown = ", ".join(f"{k}={v}" for k, v in settings.items())
         table.add_row(term.kind, f"{term.weight:g}", shown)
+    for _, term in trunk_terms(recipe):
+        kind, line = term.describe()
+        table.add_row(kind, f"{term.weight:g}", line)
+    return table
+
+
+def _experts_layout(recipe: Recipe, memory: TrainerMemory | str) -> dict | None:
+    """A mixture-of-experts model's experts per rank and sparse / dense layers (null for a
+    dense model or one whose shape is not known here)."""
+    from mtprun.preflight.model_shape import recipe_shape
+
+    shape = recipe_shape(recipe)
+    if isinstance(shape, str) or shape.experts is None:
+        return None
+    moe, ep = shape.experts, recipe.parallel.ep
+    sparse = [i for i in range(shape.layers) if shape.is_moe_layer(i)]
+    layout = {
+        "count": moe.count,
+        "top_k": moe.top_k,
+        "intermediate": moe.intermediate,
+        "shared_intermediate": moe.shared_intermediate,
+        "router": _router(shape),
+        "ep": ep,
+        "experts_per_rank": moe.count // ep,
+        "sparse_layers": len(sparse),
+        "dense_layers": [i for i in range(shape.layers) if not shape.is_moe_layer(i)],
+        "expert_data_parallel": recipe.parallel.dp * recipe.parallel.cp // ep,
+    }
+    if not isinstance(memory, str):
+        layout["rank_sparse_layers"] = memory.sparse_layers
+        layout["rank_expert_params"] = memory.expert_params
+    return layout
+
+
+def _router(shape: ModelShape) -> str:
+    moe = shape.experts
+    assert moe is not None
+    how = "softmax" if moe.score == "softmax" else "sigmoid"
+    if moe.score_bias:
+        how += " with a score-correction bias"
+    if moe.groups > 1:
+        how += f", top {moe.group_top_k} of {moe.groups} groups"
+    if moe.normalize_top_k:
+        how += ", top-k renormalised"
+    if moe.scaling != 1.0:
+        how += f", scaled by {moe.scaling:g}"
+    return how
+
+
+def _experts_table(layout: dict) -> Table:
+    table = Table(title="mixture of experts", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    shared = layout["shared_intermediate"]
+    table.add_row(
+        "experts",
+        f"{layout['count']} routed of width {layout['intermediate']} a sparse layer, top "
+        f"{layout['top_k']} a token; "
+        + (f"a shared expert of width {shared}" if shared else "no shared expert"),
+    )
+    table.add_row("router", layout["router"])
+    dense = layout["dense_layers"]
+    listed = f" ({', '.join(map(str, dense))})" if 0 < len(dense) <= 8 else ""
+    table.add_row("layers", f"{layout['sparse_layers']} sparse, {len(dense)} dense{listed}")
+    ep, per_rank = layout["ep"], layout["experts_per_rank"]
+    rank = (
+        f"{per_rank} of {layout['count']} a sparse layer (parallel.ep {ep}: "
+        f"{layout['count']} / {ep})"
+    )
+    if "rank_sparse_layers" in layout:
+        held = layout["rank_sparse_layers"] * per_rank
+        rank += f"; {held} on a rank ({layout['rank_sparse_layers']} sparse layers)"
+    table.add_row("experts per rank", rank)
+    if "rank_expert_params" in layout:
+        n = layout["rank_expert_params"]
+        count = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+        table.add_row("expert parameters per rank", count)
+    group = layout["expert_data_parallel"]
+    summed = (
+        f"summed over the {group} ranks that hold the same experts (dp x cp / ep)"
+        if group > 1
+        else "each expert lives on one rank (dp x cp / ep = 1): not summed"
+    )
+    table.add_row(
+        "expert gradients",
+        f"{summed}; the gradient norm sums the experts' squares over the expert-parallel group",
+    )
     return table
 
 
@@ -239,6 +342,8 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
         table.title = f"{title} (pipeline stage {memory.stage} of {memory.stages}, the largest)"
     bf16 = memory.bf16_weights
     shards = f"sharded over dp x cp = {memory.optimizer_shards} ranks"
+    if memory.experts_per_rank and bf16:
+        shards += f", the experts' over dp x cp / ep = {memory.expert_optimizer_shards}"
     moments = "bfloat16 " if memory.optimizer_state == "bfloat16" else ""
     state = {
         (True, "adamw"): f"AdamW: float32 master weights, {moments}exp_avg, exp_avg_sq; {shards}",
@@ -248,14 +353,19 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
     }[bf16, recipe.trainer.optimizer]
     micro = "micro batch" if memory.in_flight == 1 else "micro batches (1F1B)"
     last = memory.stage == memory.stages - 1
+    weights = "bf16 compute weights" if bf16 else "float32 weights"
+    layers = f"{memory.layers} layers"
+    if memory.experts_per_rank:
+        weights += f"; {memory.experts_per_rank} experts of each sparse layer"
+        layers = f"{memory.layers} layers ({memory.sparse_layers} sparse)"
     rows = [
-        ("weights", memory.weights, "bf16 compute weights" if bf16 else "float32 weights"),
+        ("weights", memory.weights, weights),
         ("gradients", memory.gradients, "float32 main gradients" if bf16 else "float32 gradients"),
         ("optimizer state", memory.optimizer, state),
         (
             f"activations (recompute: {memory.recompute})",
             memory.activations,
-            f"{memory.tokens} tokens x {memory.layers} layers x {memory.in_flight} {micro} "
+            f"{memory.tokens} tokens x {layers} x {memory.in_flight} {micro} "
             f"in flight, {recipe.model.dtype}, flash attention",
         ),
         (

@@ -21,6 +21,10 @@ class PackedBatch:
     advantages, old_logprobs, ref_logprobs: [T] float32 per target token (RL only) or None.
     sampler_logprobs: [T] float32, the rollout engine's log-probs when old_logprobs were
                   recomputed by the trainer (rollout.recompute_logprobs), else None.
+    routed_experts: [T, L, k] int16, the experts the rollout engine routed each input token to
+                  in each of the L decoder layers (global expert ids; rows of dense layers
+                  unused), -1 on tokens whose routing it did not return (trainer.router_replay;
+                  None otherwise). Per token, not per target: row t is how token t was routed.
     """
 
     input_ids: torch.Tensor
@@ -32,6 +36,7 @@ class PackedBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     sampler_logprobs: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

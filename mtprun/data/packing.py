@@ -84,7 +84,30 @@ def _pack_bin(
         batch.advantages = torch.repeat_interleave(
             torch.tensor(advantages, dtype=torch.float32), lengths
         )
+    batch.routed_experts = _routed_experts(sequences)
     return batch
+
+
+def _routed_experts(sequences: Sequence[RenderedSequence]) -> torch.Tensor | None:
+    """The rollout engine's routing of every token (router replay), -1 rows for sequences
+    without one; None when no sequence has one."""
+    known = [s.routed_experts for s in sequences if s.routed_experts is not None]
+    if not known:
+        return None
+    per_token = known[0].shape[1:]
+    if any(r.shape[1:] != per_token for r in known):
+        raise ValueError(
+            "routings of different shapes in one batch: "
+            f"{sorted({tuple(r.shape[1:]) for r in known})}"
+        )
+    return torch.cat(
+        [
+            s.routed_experts
+            if s.routed_experts is not None
+            else torch.full((len(s), *per_token), -1, dtype=torch.int16)
+            for s in sequences
+        ]
+    )
 
 
 def _shift_left(values: torch.Tensor, last: torch.Tensor, fill: float | int | bool) -> torch.Tensor:

@@ -46,24 +46,30 @@ class RenderedSequence:
     is_sampled: [N] bool, True where the model emits the token at inference.
     logprobs:   [N] float32 logprob the rollout engine sampled each token with (0 where not
                 sampled), or None outside RL.
+    routed_experts: [N, L, k] int16 experts the rollout engine routed each token to per decoder
+                layer, -1 where it returned none; None unless the engine returned routings
+                (trainer.router_replay).
     """
 
     token_ids: torch.Tensor
     roles: torch.Tensor
     is_sampled: torch.Tensor
     logprobs: torch.Tensor | None = None
+    routed_experts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.token_ids.numel())
 
     def __getitem__(self, index: slice) -> RenderedSequence:
         logprobs = None if self.logprobs is None else self.logprobs[index]
+        routed = None if self.routed_experts is None else self.routed_experts[index]
         return replace(
             self,
             token_ids=self.token_ids[index],
             roles=self.roles[index],
             is_sampled=self.is_sampled[index],
             logprobs=logprobs,
+            routed_experts=routed,
         )
 
     def role_names(self) -> list[Role]:

@@ -21,6 +21,7 @@ rendering of the conversation.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -45,10 +46,19 @@ class TrajectoryBuilder:
         self._parts = [_with_zero_logprobs(prompt)]
         self.num_turns = 0
         self.num_tokens = len(prompt)
+        self._routed: torch.Tensor | None = None  # the latest turn's routing, from token 0
 
-    def add_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_sampled(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        routed_experts: Any = None,
+    ) -> None:
         """A model turn as the engine returned it, stop token included, with the logprob of
-        each sampled token."""
+        each sampled token, and (router replay) the engine's routing of the turn's context
+        and tokens from position 0: [R, layers, k] expert ids, R at most the trajectory's
+        length with the turn (the engine routes every token but the last it sampled). The
+        latest turn's routing covers every earlier token, as the engine saw it then."""
         if len(token_ids) != len(logprobs):
             raise ValueError(
                 f"add_sampled: {len(token_ids)} token ids but {len(logprobs)} logprobs; the "
@@ -67,6 +77,15 @@ class TrajectoryBuilder:
         )
         self.num_turns += 1
         self.num_tokens += n
+        if routed_experts is not None:
+            routed = torch.as_tensor(routed_experts).to(torch.int16)
+            if routed.dim() != 3 or not 0 < len(routed) <= self.num_tokens:
+                raise ValueError(
+                    f"add_sampled: a routing of shape {tuple(routed.shape)} for a trajectory of "
+                    f"{self.num_tokens} tokens; the engine returns [tokens, layers, top k] "
+                    "from the first token of the context"
+                )
+            self._routed = routed
 
     def add_inserted(self, segment: RenderedSequence) -> None:
         """Tokens the environment inserts (see `Renderer.next_turn`); never sampled."""
@@ -79,11 +98,18 @@ class TrajectoryBuilder:
 
     def build(self) -> RenderedSequence:
         parts = self._parts
+        routed = None
+        if self._routed is not None:
+            # Tokens past the latest turn's routing (its last sampled token, tokens inserted
+            # after it) have none: -1, and the trainer routes them itself.
+            routed = torch.full((self.num_tokens, *self._routed.shape[1:]), -1, dtype=torch.int16)
+            routed[: len(self._routed)] = self._routed
         return RenderedSequence(
             token_ids=torch.cat([p.token_ids for p in parts]),
             roles=torch.cat([p.roles for p in parts]),
             is_sampled=torch.cat([p.is_sampled for p in parts]),
             logprobs=torch.cat([p.logprobs for p in parts]),
+            routed_experts=routed,
         )
 
 

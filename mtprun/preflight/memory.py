@@ -8,18 +8,27 @@ pipeline's hidden-state messages (together typically a few GiB), so read it as a
 Notation: h hidden, L decoder layers, L_s = L / pp of them per stage, q = heads/tp x head_dim,
 kv = kv_heads/tp x head_dim, f = intermediate/tp, V' = vocab padded to a multiple of tp,
 b = bytes of the compute dtype (2 for bfloat16, 4 for float32), T = the micro batch's tokens on
-this rank (`local_tokens`: trainer.micro_batch_tokens / cp).
+this rank (`local_tokens`: trainer.micro_batch_tokens / cp). A mixture-of-experts model
+(`ModelShape.experts`): E routed experts of width F/tp a sparse layer, k = top_k of them per
+token, F_s/tp a shared expert's width (0 without), ep = parallel.ep.
 
 Parameters of stage s on one tensor-parallel rank:
 
-    layer  = h (q + 2 kv) + [qkv bias] (q + 2 kv) + q h + 2 f h + f h + 2 h
-    P(s)   = L_s layer
+    attn   = h (q + 2 kv) + [qkv bias] (q + 2 kv) + q h + 2 h     (+ the q/k norms)
+    layer  = attn + 2 f h + f h                   (a dense layer: SwiGLU MLP)
+    moe    = attn + E h + 3 h F_s                 (a sparse layer, replicated part: router,
+                                                   shared expert of width F_s if any)
+           + E/ep 3 h F                           (its expert part: this rank's E/ep routed
+                                                   experts of width F, gate/up and down)
+    P(s)   = sum over the stage's layers of layer or moe (a mixture-of-experts model's dense
+             layers, `ExpertShape.dense_layers`, keep the dense MLP)
            + V'/tp h                              (first stage: the input embedding)
            + h + V'/tp h                          (last stage: final norm, output layer; a tied
                                                    model's output layer is the embedding itself
                                                    unless pp > 1, where the last stage keeps a
                                                    trained copy)
-           + mtp (layer + 2 h^2 + 3 h)            (last stage: MiMo MTP layers; their
+           + mtp (layer + 2 h^2 + 3 h)            (last stage: MTP layers, sparse (moe in
+                                                   place of layer) in a model with experts; their
                                                    input_proj is replicated over tp)
 
 Precision follows the trainer (`mtprun.runner.trainer.mixed_precision`): `model.dtype: bfloat16` on
@@ -35,7 +44,9 @@ torch.optim, whose state is not sharded:
                                                                   no momentum)
 
 with m the bytes of AdamW's two moments per parameter: 8 (`trainer.optimizer_state: float32`)
-or 4 (`bfloat16`; the float32 master weights stay). float32 weights keep float32 moments.
+or 4 (`bfloat16`; the float32 master weights stay). float32 weights keep float32 moments. The
+distributed optimizer shards the expert part of P(s) over the expert-data-parallel group
+instead, the dp cp / ep ranks that hold the same experts.
 
 Activations that backward keeps, per token and per decoder layer (pre-norm Qwen2/Llama layer,
 GQA, SwiGLU, flash-class attention: no [T, T] scores; sequence parallelism is off, so the
@@ -54,8 +65,26 @@ hidden-sized ones are whole on every tensor-parallel rank):
                                              backward, and one layer's `none` activations of
                                              one micro batch exist while it does
 
-    activations(s) = T (pp - s) [L_s A_mode + last stage: 2 h b + mtp (8 h b + A_mode')]
-                   + [full] T A_none
+A sparse layer keeps A_attn = A_none - 3 f b and, in place of the dense MLP, what
+megatron-core's MoE layer (all-to-all dispatcher, `GroupedExperts`) saves for the k copies of
+each token that it dispatches (on average k T rows reach this rank's experts whatever ep is):
+
+    A_moe = A_attn + k b (h + 2 F + F + F + 1)   expert input, fc1 output, SwiGLU output and
+                                                 its probability-weighted copy, the probability
+                   + 2 E + 20 k                  routing: two [T, E] bool maps, float32 top-k
+                                                 scores, int64 top-k and permutation indices
+                   + 3 F_s b                     a shared expert's fc1 output and product
+
+under `none` and `selective` alike (megatron-core's MLP recomputation skips MoE layers). The
+permuted copies the dispatcher makes on the way in and out, and the gradients of backward,
+are transient (one layer at a time) and not counted. Against bench/RESULTS.md (issue 24,
+Qwen3-30B-A3B's shape cut to 4 layers, one 16384-token micro batch, bf16, float32 moments,
+recompute none): 60.5 GiB estimated, 62.1 GiB measured on one H100; 8 layers, dp 2, ep 2:
+65.1 GiB estimated, 69.1 GiB measured a rank (`tests/spec/test_memory_moe.py`).
+
+    activations(s) = T (pp - s) [sum over the stage's layers of A_mode
+                                 + last stage: 2 h b + mtp (8 h b + A_mode')]
+                   + [full] T max over the stage's layers of A_none
 
 1F1B keeps up to pp - s micro batches in flight on stage s (s from 0). The last stage adds the
 final norm's input and output and, per MTP layer, its norms, the [2h] input-projection input
@@ -97,19 +126,45 @@ PART_LABELS = {
 
 
 def layer_params(shape: ModelShape, tp: int) -> int:
-    """Parameters of one decoder layer on one tensor-parallel rank."""
+    """Parameters of one dense decoder layer on one tensor-parallel rank."""
     h, f = shape.hidden, _split(shape.intermediate, tp)
+    # linear_fc1 (gate and up), linear_fc2.
+    return _attention_params(shape, tp) + 2 * f * h + f * h
+
+
+def moe_layer_params(shape: ModelShape, tp: int, ep: int) -> tuple[int, int]:
+    """(replicated, expert) parameters of one sparse decoder layer on one rank of `ep`
+    expert-parallel ranks: attention, norms, the router and a shared expert; this rank's
+    count/ep routed experts (gate, up and down projections each)."""
+    experts = shape.experts
+    if experts is None:
+        raise ValueError("moe_layer_params needs a shape with experts")
+    h = shape.hidden
+    shared = 3 * h * _split(experts.shared_intermediate, tp)
+    routed = _split(experts.count, ep) * 3 * h * _split(experts.intermediate, tp)
+    return _attention_params(shape, tp) + experts.count * h + shared, routed
+
+
+def _attention_params(shape: ModelShape, tp: int) -> int:
+    """A decoder layer's attention and its two norms on one tensor-parallel rank."""
+    h = shape.hidden
     qkv = _q_width(shape, tp) + 2 * _kv_width(shape, tp)
     bias = qkv if shape.qkv_bias else 0
     qk_norms = 2 * shape.head_dim if shape.qk_norm else 0  # per head, replicated
-    # linear_qkv (+ bias), linear_proj, linear_fc1 (gate and up), linear_fc2, two norms.
-    return h * qkv + bias + _q_width(shape, tp) * h + 2 * f * h + f * h + 2 * h + qk_norms
+    # linear_qkv (+ bias), linear_proj, input_layernorm and pre_mlp_layernorm.
+    return h * qkv + bias + _q_width(shape, tp) * h + 2 * h + qk_norms
 
 
 def parameters(shape: ModelShape) -> int:
     """Parameters of the whole model, as its HF folder holds them (a tied output layer once,
-    MTP layers included)."""
-    return _stage_params(shape, 1, 1, 0)[0]
+    MTP layers included, every expert)."""
+    return _stage_params(shape, 1, 1, 0).total
+
+
+def stage_layers(shape: ModelShape, pp: int, stage: int) -> range:
+    """The decoder layers (0-based indices) of pipeline stage `stage`."""
+    per_stage = _split(shape.layers, pp)
+    return range(stage * per_stage, min((stage + 1) * per_stage, shape.layers))
 
 
 def _vocab_rows(shape: ModelShape, tp: int) -> int:
@@ -147,6 +202,14 @@ class TrainerMemory:
     # AdamW's moments: float32 or bfloat16 (trainer.optimizer_state; float32 weights keep
     # float32 ones); "none" for SGD, which keeps no moments.
     optimizer_state: str = "float32"
+    # Mixture of experts (all 0 for a dense model): the sparse layers on the stage, the routed
+    # experts of each on this rank (count / ep), the parameters of those experts on this rank
+    # (part of the weights, gradients and optimizer state above) and the ranks their optimizer
+    # state is split over (the expert-data-parallel group: dp x cp / ep, or 1).
+    sparse_layers: int = 0
+    experts_per_rank: int = 0
+    expert_params: int = 0
+    expert_optimizer_shards: int = 0
 
     @property
     def total(self) -> int:
@@ -174,6 +237,10 @@ class TrainerMemory:
             "bf16_weights": self.bf16_weights,
             "optimizer_shards": self.optimizer_shards,
             "optimizer_state": self.optimizer_state,
+            "sparse_layers": self.sparse_layers,
+            "experts_per_rank": self.experts_per_rank,
+            "expert_params": self.expert_params,
+            "expert_optimizer_shards": self.expert_optimizer_shards,
         }
 
 
@@ -200,12 +267,14 @@ def estimate_trainer_memory(
     float32 ones). `plan` is the compiled head loss (its buffers count on the last stage);
     None leaves the head loss out.
     """
-    tp, pp, cp, dp = parallel.tp, parallel.pp, parallel.cp, parallel.dp
+    tp, pp, cp, dp, ep = parallel.tp, parallel.pp, parallel.cp, parallel.dp, parallel.ep
     act_bytes = _DTYPE_BYTES[dtype]
     # The trainer's mixed-precision path: bf16 weights, the distributed optimizer. Anything else
     # trains float32 weights with torch.optim (mtprun.runner.trainer.trainer: `mixed`).
     bf16_weights = act_bytes == 2 and not separate_mtp_optimizer
     shards = dp * cp if bf16_weights else 1
+    # Expert weights are reduced and sharded over the ranks that hold the same experts.
+    expert_shards = max(shards // ep, 1) if bf16_weights else 1
     if optimizer != "adamw":
         optimizer_state = "none"
     elif not bf16_weights:
@@ -223,14 +292,18 @@ def estimate_trainer_memory(
 
     candidates = []
     for stage in range(pp):
-        trained, frozen = _stage_params(shape, tp, pp, stage)
+        params = _stage_params(shape, tp, pp, stage, ep)
+        trained = params.replicated + params.expert
         in_flight = pp - stage
         last = stage == pp - 1
+        sparse = sum(map(shape.is_moe_layer, stage_layers(shape, pp, stage)))
+        optimizer_bytes = -(-params.replicated * state_bytes // shards)
+        optimizer_bytes += -(-params.expert * state_bytes // expert_shards)
         candidates.append(
             TrainerMemory(
-                weights=(trained + frozen) * (2 if bf16_weights else 4),
+                weights=(trained + params.frozen) * (2 if bf16_weights else 4),
                 gradients=trained * FLOAT32,
-                optimizer=-(-trained * state_bytes // shards),
+                optimizer=optimizer_bytes,
                 activations=_activations(shape, parallel, act_bytes, recompute, tokens, stage),
                 head_loss=head if last else 0,
                 recompute=recompute,
@@ -242,16 +315,38 @@ def estimate_trainer_memory(
                 bf16_weights=bf16_weights,
                 optimizer_shards=shards,
                 optimizer_state=optimizer_state,
+                sparse_layers=sparse,
+                experts_per_rank=_split(shape.experts.count, ep) if shape.experts else 0,
+                expert_params=params.expert,
+                expert_optimizer_shards=expert_shards if shape.experts else 0,
             )
         )
     return max(candidates, key=lambda m: m.total)  # the first of equals: stage 0
 
 
-def _stage_params(shape: ModelShape, tp: int, pp: int, stage: int) -> tuple[int, int]:
-    """(trained, frozen) parameters of pipeline stage `stage` on one tensor-parallel rank."""
+@dataclass(frozen=True)
+class _StageParams:
+    replicated: int  # trained, not experts (the optimizer shards them over dp x cp)
+    expert: int  # trained routed experts of this rank (sharded over dp x cp / ep)
+    frozen: int
+
+    @property
+    def total(self) -> int:
+        return self.replicated + self.expert + self.frozen
+
+
+def _stage_params(shape: ModelShape, tp: int, pp: int, stage: int, ep: int = 1) -> _StageParams:
+    """Parameters of pipeline stage `stage` on one tensor-parallel and expert-parallel rank."""
     h = shape.hidden
-    layers = _split(shape.layers, pp)  # pp divides the layers (a rule checks); ceil otherwise
-    trained = layers * layer_params(shape, tp)
+    # pp divides the layers (a rule checks); the last stage holds fewer otherwise.
+    layers = stage_layers(shape, pp, stage)
+    sparse = sum(map(shape.is_moe_layer, layers))
+    trained = (len(layers) - sparse) * layer_params(shape, tp)
+    expert = 0
+    if sparse:
+        replicated, routed = moe_layer_params(shape, tp, ep)
+        trained += sparse * replicated
+        expert = sparse * routed
     frozen = 0
     embedding = _vocab_rows(shape, tp) * h
     first, last = stage == 0, stage == pp - 1
@@ -263,16 +358,25 @@ def _stage_params(shape: ModelShape, tp: int, pp: int, stage: int) -> tuple[int,
         # stage keeps a trained copy (gradients summed with the first's, see pp_layout).
         if not shape.tie_embeddings or pp > 1:
             trained += embedding
-        # MiMo MTP layer: token/hidden/final norms, input_proj [h, 2h] (replicated over tp),
-        # one decoder layer.
-        trained += shape.mtp_layers * (layer_params(shape, tp) + 2 * h * h + 3 * h)
+        # MTP layer (MiMo, GLM-4.5): token/hidden/final norms, input_proj [h, 2h] (replicated
+        # over tp), one decoder layer (sparse in a model with experts, as the trainer builds it).
+        trained += shape.mtp_layers * (2 * h * h + 3 * h)
+        if shape.experts is None:
+            trained += shape.mtp_layers * layer_params(shape, tp)
+        else:  # a mixture-of-experts model's MTP layers are sparse (GLM-4.5)
+            replicated, routed = moe_layer_params(shape, tp, ep)
+            trained += shape.mtp_layers * replicated
+            expert += shape.mtp_layers * routed
         if shape.mtp_layers and pp > 1 and not shape.tie_embeddings:
             frozen += embedding  # a frozen embedding copy for the MTP layers' lookups
-    return trained, frozen
+    return _StageParams(trained, expert, frozen)
 
 
-def _per_token_layer(shape: ModelShape, parallel: ParallelSection, b: int, mode: Recompute) -> int:
-    """Bytes one decoder layer keeps for backward per token under recomputation `mode`."""
+def _per_token_layer(
+    shape: ModelShape, parallel: ParallelSection, b: int, mode: Recompute, sparse: bool = False
+) -> int:
+    """Bytes one decoder layer (a sparse one: with experts) keeps for backward per token under
+    recomputation `mode`."""
     h, tp, cp = shape.hidden, parallel.tp, parallel.cp
     if mode == "full":
         return h * b  # the layer's input (the residual stream is in the compute dtype)
@@ -283,9 +387,28 @@ def _per_token_layer(shape: ModelShape, parallel: ParallelSection, b: int, mode:
         + 2 * kv * cp  # q, k, v after RoPE; under cp the attention keeps the gathered k, v
         + 2 * q  # the attention's output and the attention projection's input (a copy)
     ) * b + FLOAT32 * _split(shape.heads, tp)  # log-sum-exp per head and token
+    if sparse:
+        # megatron-core's MLP recomputation leaves MoE layers alone: kept under selective too.
+        return kept + _per_token_experts(shape, tp, b)
     if mode == "none":
         kept += 3 * f * b  # fc1 output (gate and up, 2 f) and the SwiGLU product (f)
     return kept
+
+
+def _per_token_experts(shape: ModelShape, tp: int, b: int) -> int:
+    """Bytes a sparse layer's MLP keeps for backward per token (module docstring: A_moe)."""
+    experts = shape.experts
+    assert experts is not None
+    h, k, width = shape.hidden, experts.top_k, _split(experts.intermediate, tp)
+    # Each of the k dispatched copies of the token: the first grouped GEMM's input (h), the
+    # SwiGLU kernel's input (its fc1 output, 2 F), the SwiGLU output and its copy weighted by
+    # the routing probability (the second GEMM's input), and that probability.
+    dispatched = k * (h + 2 * width + width + width + 1) * b
+    # Routing: the [T, E] bool routing map and its transposed copy, the float32 top-k scores
+    # (softmax output), the int64 top-k indices and the dispatcher's permutation indices.
+    routing = 2 * experts.count + k * (FLOAT32 + 8 + 8)
+    shared = 3 * _split(experts.shared_intermediate, tp) * b  # its fc1 output and product
+    return dispatched + routing + shared
 
 
 def _activations(
@@ -297,18 +420,18 @@ def _activations(
     stage: int,
 ) -> int:
     pp = parallel.pp
-    layers = _split(shape.layers, pp)
-    per_micro_batch = layers * _per_token_layer(shape, parallel, b, recompute)
+    sparse = [shape.is_moe_layer(i) for i in stage_layers(shape, pp, stage)]
+    per_micro_batch = sum(_per_token_layer(shape, parallel, b, recompute, m) for m in sparse)
     if stage == pp - 1:
         h = shape.hidden
         mtp_mode = "none" if recompute == "full" else recompute
         per_micro_batch += 2 * h * b  # the final norm's input and output (the head's input)
         per_micro_batch += shape.mtp_layers * (
-            8 * h * b + _per_token_layer(shape, parallel, b, mtp_mode)
+            8 * h * b + _per_token_layer(shape, parallel, b, mtp_mode, shape.experts is not None)
         )
     total = tokens * (pp - stage) * per_micro_batch
-    if recompute == "full":
-        total += tokens * _per_token_layer(shape, parallel, b, "none")  # the layer being rerun
+    if recompute == "full":  # the layer being rerun (a sparse one, where there are any)
+        total += tokens * _per_token_layer(shape, parallel, b, "none", any(sparse))
     return total
 
 
@@ -358,18 +481,25 @@ def over_budget_message(memory: TrainerMemory, budget: str, micro_batch_tokens: 
 
 def _remedy(memory: TrainerMemory, largest: str, micro_batch_tokens: int) -> str:
     smaller = f"a smaller trainer.micro_batch_tokens (now {micro_batch_tokens})"
+    moe = memory.experts_per_rank > 0  # parallel.tp is refused with experts for now
     if largest == "activations":
         options = []
         if memory.recompute != "full":
             options.append("trainer.recompute: full")
-        options += [smaller, "more parallel.tp or parallel.cp (they split each micro batch)"]
+        split = "parallel.cp (it splits" if moe else "parallel.tp or parallel.cp (they split"
+        options += [smaller, f"more {split} each micro batch)"]
         return "try " + ", ".join(options[:-1]) + " or " + options[-1]
     if largest == "head_loss":
         return f"try {smaller} or more parallel.tp (it splits the vocab)"
+    lower = ""
+    if largest == "optimizer" and memory.bf16_weights and memory.optimizer_state == "float32":
+        lower = "trainer.optimizer_state: bfloat16 (AdamW's moments in 4 bytes, not 8), "
+    if moe and memory.expert_params:
+        return (
+            f"try {lower}more parallel.ep (each rank now holds {memory.experts_per_rank} experts "
+            "of every sparse layer; ep divides dp, so raise dp with it) or more parallel.pp"
+        )
     if largest == "optimizer" and memory.bf16_weights:
-        lower = ""
-        if memory.optimizer_state == "float32":
-            lower = "trainer.optimizer_state: bfloat16 (AdamW's moments in 4 bytes, not 8), "
         return (
             f"try {lower}more parallel.dp (the distributed optimizer shards its state over "
             "dp x cp) or more parallel.tp or parallel.pp"

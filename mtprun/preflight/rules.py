@@ -175,6 +175,27 @@ def _router_terms_need_experts(r: Recipe) -> Iterator[Issue]:
         )
 
 
+@rule("trainer", "task", "model")
+def _router_replay_needs_rl_on_experts(r: Recipe) -> Iterator[Issue]:
+    if not r.trainer.router_replay:
+        return
+    where = ("trainer", "router_replay")
+    if r.task is None:
+        yield Issue(
+            where,
+            "router_replay routes rollout tokens to the experts the rollout engine chose, and "
+            "this recipe has no task (no rollouts): remove it or add a task section",
+        )
+        return
+    shape = _policy(r)
+    if shape is not None and shape.experts is None:
+        yield Issue(
+            where,
+            "router_replay replays the routing of a mixture-of-experts model, and the policy is "
+            "dense (no experts): remove it or train an MoE model",
+        )
+
+
 def _more_mtp_layers(shape: ModelShape, setting: str) -> str:
     if shape.config_path is None:
         return f"set model.tiny.architecture: mimo and {setting}"
@@ -270,7 +291,8 @@ def _environment_loads(r: Recipe) -> Iterator[Issue]:
 def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
     gib = r.resources.gpu_memory_gib
     terms = [t for _, t in loss_terms(r)]
-    if gib is None or not terms or len(terms) < len(r.losses) or _policy(r) is None:
+    broken = any(t is None for t in r.losses)
+    if gib is None or not terms or broken or _policy(r) is None:
         return  # no budget, broken terms, or a model shape not known here: nothing to check
     # The estimate's head-loss part compiles the plan, which imports torch: only recipes that
     # ask for this check pay for it (`mtprun validate` stays torch-free otherwise).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -69,11 +69,12 @@ class TinyModel(Section):
         "null there takes the defaults.",
     )
 
-    @model_validator(mode="after")
-    def _experts_default(self) -> TinyModel:
-        if self.architecture in MOE_ARCHITECTURES and self.experts is None:
-            self.experts = TinyExperts()
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _experts_default(cls, data: Any) -> Any:
+        # An MoE architecture without `experts:` takes TinyExperts' defaults.
+        moe = isinstance(data, dict) and data.get("architecture") in MOE_ARCHITECTURES
+        return {**data, "experts": {}} if moe and data.get("experts") is None else data
 
     @property
     def head_dim(self) -> int:

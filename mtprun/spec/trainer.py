@@ -43,6 +43,19 @@ class TrainerSection(Section):
             "more compute)."
         ),
     )
+    router_replay: bool = Field(
+        False,
+        description=(
+            "Router replay (R3) for RL on a mixture-of-experts policy: every forward pass of "
+            "the policy over rollout tokens (old and reference log-probs, the training step) "
+            "routes each token to the experts the rollout engine routed it to, layer by "
+            "layer, instead of choosing them again; the router's probabilities are still "
+            "the trainer's, over those experts. Tokens whose engine routing is unknown (the "
+            "last token of a trajectory, tokens inserted after the last sampled turn) route "
+            "as usual, and so does SFT. Needs a task and an MoE policy, and a rollout engine "
+            "that returns its routing (vLLM: Model Runner V2, enable_return_routed_experts)."
+        ),
+    )
     grad_clip: float | None = Field(
         1.0, gt=0, description="Clip the global gradient norm to this value; null disables."
     )

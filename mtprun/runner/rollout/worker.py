@@ -26,12 +26,15 @@ class RolloutWorker:
         work_dir: str,
         torch_threads: int | None,
         version: int,
+        routed_experts: bool = False,
     ) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         from mtprun.runner.rollout.engine import RolloutEngine
 
-        self.engine = RolloutEngine(Path(model_dir), rollout, seed, Path(work_dir), version)
+        self.engine = RolloutEngine(
+            Path(model_dir), rollout, seed, Path(work_dir), version, routed_experts
+        )
         self.transfer: Any = None  # this engine's membership of the weight-transfer group
 
     def pid(self) -> int:

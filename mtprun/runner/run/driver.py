@@ -30,6 +30,7 @@ from rich.progress import TaskID
 
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
+from mtprun.runner.rollout.engine import routed_experts_problem
 from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.run import checkpoint
@@ -204,6 +205,11 @@ class Driver:
             stage.last_step,
             resume_from or start_dir,
         )
+        if stage.kind == "grpo" and self.recipe.trainer.router_replay:
+            # Before the trainer loads: an engine that cannot return routings is known now.
+            problem = routed_experts_problem(self.recipe.rollout)
+            if problem is not None:
+                raise ValueError(f"trainer.router_replay: {problem}")
         self._prepare_trainer(stage, start_dir, resume_from)
         generate = None
         if stage.kind == "grpo":

@@ -1,9 +1,11 @@
-"""SFT batches for the trainer: one packed row of the stage's data per step (`PackedSft`:
-the packing is planned once, a row is built when its step comes).
+"""SFT batches for the trainer: one packed row of the stage's data per data-parallel replica
+and step (`PackedSft`: the packing is planned once, a row is built when its step comes).
 
-The row of a step is a pure function of (seed, step): epoch e visits every row once in an
-order drawn from seed + e. A resumed run therefore trains on exactly the rows it would have
-trained on without the interruption, with no data-loader state in the checkpoint.
+Step s (1-based) trains rows (s-1) dp .. s dp - 1 of the row stream, replica d the d-th of
+them (`TrainerGroup.train_step` hands micro batch d to replica d); with dp = 1 that is one row
+a step. The stream is a pure function of the seed: epoch e visits every row once in an order
+drawn from seed + e. A resumed run therefore trains on exactly the rows it would have trained
+on without the interruption, with no data-loader state in the checkpoint.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class SftSource:
         renderer = folder_renderer(model_dir, data.renderer)
         self.rows = PackedSft(conversations, renderer, recipe.mask, data.packing_length, cache)
         self.seed = recipe.seed
+        self.rows_per_step = recipe.parallel.dp  # one packed row per data-parallel replica
         log.info(
             "SFT data %s: %d conversations in %d packed rows of <= %d tokens",
             data.source if isinstance(data.source, str) else data.source.path,
@@ -41,8 +44,14 @@ class SftSource:
         )
 
     def batches(self, step: int) -> list[PackedBatch]:
-        """The micro batches of stage step `step` (1-based)."""
-        epoch, index = divmod(step - 1, len(self.rows))
+        """The micro batches of stage step `step` (1-based): `rows_per_step` packed rows, the
+        next ones of the row stream."""
+        first = (step - 1) * self.rows_per_step
+        return [self._row(n) for n in range(first, first + self.rows_per_step)]
+
+    def _row(self, n: int) -> PackedBatch:
+        """Row n (0-based) of the stream: epoch n // len(rows), in that epoch's order."""
+        epoch, index = divmod(n, len(self.rows))
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.rows), generator=generator)
-        return [self.rows[int(order[index])]]
+        return self.rows[int(order[index])]

@@ -48,6 +48,7 @@ from mtprun.runner.trainer.model import (
 from mtprun.runner.trainer.optim import NormScope, build_groups
 from mtprun.runner.trainer.parallel import init_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
+from mtprun.runner.trainer.replay import ReplayRouting, routed_experts_of
 from mtprun.runner.trainer.routing import RouterStats
 from mtprun.runner.trainer.teacher import Teacher
 from mtprun.spec.recipe import Recipe
@@ -137,6 +138,15 @@ class Trainer:
             copies=copies,
         )
         self.routing = RouterStats(self.model) if self.shape.experts else None
+        if recipe.trainer.router_replay and not self.shape.experts:
+            raise ValueError(
+                "trainer.router_replay replays the routing of a mixture-of-experts model, and "
+                f"{model_dir} is dense"
+            )
+        # Rollout tokens route to the engine's experts (trainer.router_replay).
+        self.replay = (
+            ReplayRouting(self.model, self.shape.layers) if recipe.trainer.router_replay else None
+        )
         self.step = 0
         self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
 
@@ -156,6 +166,8 @@ class Trainer:
             raise ValueError("train_step needs at least one micro batch")
         self.model.train()
         self._zero_grad()
+        if self.replay is not None:
+            self.replay.begin_step()
         trained = [int(mb.loss_mask.sum()) for mb in micro_batches]
         tokens, total, sequences = self._sum_over_data_parallel(
             [
@@ -321,7 +333,7 @@ class Trainer:
         # The attention mask needs the whole row's sequences, the rest the local tokens.
         inputs = (local.input_ids, local.position_ids, batch.cu_seqlens)
         teacher: dict[str, torch.Tensor] = {}
-        with self._autocast():
+        with self._autocast(), self._replaying(batch, shard):
             if not self.stage.last:
                 return self.model.stage_hidden(*inputs, shard=shard)
             targets = local.targets if plan.mtp_depths else None
@@ -345,6 +357,16 @@ class Trainer:
             **teacher,
         )
         return head_loss(head_inputs)
+
+    def _replaying(
+        self, batch: PackedBatch, shard: TokenShard
+    ) -> contextlib.AbstractContextManager:
+        """Router replay of the batch's rollout routing on this rank's tokens, when the recipe
+        asks for it and the batch has one (rollout batches; SFT batches have none)."""
+        if self.replay is None:
+            return contextlib.nullcontext()
+        index = shard.index if self.cp_size > 1 else None
+        return self.replay.replaying(routed_experts_of(batch, index))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         """float32 weights computing in bf16 run under autocast; bf16 weights (mixed) need
