@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape, build_tiny_model, hf_to_megatron, megatron_to_hf
 from mtprun.models.expert_shape import ExpertShape
-from mtprun.runner.net import free_port
 from mtprun.runner.run.export import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyExperts, TinyModel
 
 from .conftest import TINY, make_recipe, random_packed_batch
 from .qwen3_folders import build_glm4_moe_folder
-from .test_qwen3_moe import ADAMW, _ep_process, _hf_logprobs, _three_adamw_steps
+from .test_qwen3_moe import ADAMW, _hf_logprobs, check_trains_like_one_process
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +79,11 @@ def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, glm_dir, t
 
 
 @pytest.mark.slow
-def test_ep2_trains_like_one_process(megatron_tp1, glm_dir, tmp_path):
-    """dp=2 with ep=2: routed experts split, the shared expert and the router replicated."""
-    args = (free_port(), glm_dir, tmp_path / "ep2.pt")
-    mp.start_processes(_ep_process, args=args, nprocs=2, start_method="spawn")
-    two, two_weights = torch.load(tmp_path / "ep2.pt")
-    one, one_weights = _three_adamw_steps(glm_dir, {})
-    for step1, step2 in zip(one, two, strict=True):
-        for name in ("loss", "grad_norm"):
-            assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
-    for name, tensor in one_weights.items():
-        torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
+@pytest.mark.parametrize("layout", [{"dp": 2, "ep": 2}, {"pp": 2}], ids=["dp2ep2", "pp2"])
+def test_layouts_train_like_one_process(megatron_tp1, glm_dir, tmp_path, layout):
+    """Routed experts split over ep (the shared expert and the router replicated); the dense
+    and the sparse layer on two pipeline stages."""
+    check_trains_like_one_process(glm_dir, layout, tmp_path / "two.pt")
 
 
 @pytest.fixture(scope="module")

@@ -113,33 +113,45 @@ def _three_adamw_steps(model_dir, parallel, batch_ids=(0, 1)):
     return metrics, trainer.hf_state_dict()
 
 
-def _ep_process(rank, port, model_dir, out_path):
+LAYOUTS = [{"dp": 2, "ep": 2}, {"pp": 2}, {"cp": 2}]
+
+
+def _layout_process(rank, port, model_dir, out_path, layout):
+    """Rank `rank` of the two-process `layout`: data-parallel ranks each train their own
+    micro batch, the others both; the last rank (the last pipeline stage) saves the result."""
     from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
 
-    layout = ParallelSection(dp=2, ep=2)
-    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-    result = _three_adamw_steps(model_dir, {"dp": 2, "ep": 2}, batch_ids=[rank])
-    if rank == 0:
+    parallel = ParallelSection(**layout)
+    init_parallel(parallel, rank, parallel.world_size, "127.0.0.1", port)
+    batch_ids = [rank] if parallel.dp == 2 else (0, 1)
+    result = _three_adamw_steps(model_dir, layout, batch_ids=batch_ids)
+    if rank == parallel.world_size - 1:
         torch.save(result, out_path)
     destroy_parallel()
 
 
-@pytest.mark.slow
-def test_ep2_trains_like_one_process(megatron_tp1, moe_dir, tmp_path):
-    """dp=2 with ep=2: each rank holds two of the four experts and trains its own micro batch;
-    the step, its norm and the gathered weights equal one process on both micro batches."""
-    args = (free_port(), moe_dir, tmp_path / "ep2.pt")
-    mp.start_processes(_ep_process, args=args, nprocs=2, start_method="spawn")
-    two, two_weights = torch.load(tmp_path / "ep2.pt")
-    one, one_weights = _three_adamw_steps(moe_dir, {})
+def check_trains_like_one_process(model_dir, layout, out_path):
+    """Loss and grad norm of 3 AdamW steps within 1e-4 of one process, and the gathered
+    weights equal (a misplaced expert or stage would differ by whole weights; Adam's division
+    by tiny second moments leaves ~1e-5 between reduction orders)."""
+    args = (free_port(), model_dir, out_path, layout)
+    mp.start_processes(_layout_process, args=args, nprocs=2, start_method="spawn")
+    two, two_weights = torch.load(out_path)
+    one, one_weights = _three_adamw_steps(model_dir, {})
     for step1, step2 in zip(one, two, strict=True):
         for name in ("loss", "grad_norm"):
             assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
-    # Gathered in expert order: a misplaced expert would differ by its whole weights; Adam's
-    # division by tiny second moments leaves ~1e-5 between the two reduction orders.
     assert two_weights.keys() == one_weights.keys()
     for name, tensor in one_weights.items():
         torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["dp2ep2", "pp2", "cp2"])
+def test_layouts_train_like_one_process(megatron_tp1, moe_dir, tmp_path, layout):
+    """dp=2 with ep=2 (each rank two of the four experts and its own micro batch), pp=2 (a
+    dense and a sparse stage), cp=2 (the router sees each rank's half of the tokens)."""
+    check_trains_like_one_process(moe_dir, layout, tmp_path / "two.pt")
 
 
 def _router_reference(model_dir, batch, top_k):
