@@ -181,11 +181,6 @@ class ModelShape:
 
     def check_tp(self, tp: int) -> None:
         """Raise a clear error when this model cannot be split over `tp` ranks."""
-        if self.experts is not None and tp > 1:
-            raise ValueError(
-                f"parallel.tp={tp} with a mixture-of-experts model is not supported yet; use "
-                "parallel.ep and parallel.dp"
-            )
         for field in ("heads", "kv_heads", "vocab", "intermediate"):
             n = getattr(self, field)
             if n % tp:
@@ -193,6 +188,12 @@ class ModelShape:
                     f"parallel.tp={tp} does not divide the model's {HF_CONFIG_KEYS[field]}={n}; "
                     "choose a tp that divides it (for a tiny model, change model.tiny accordingly)"
                 )
+        shared = self.experts.shared_intermediate if self.experts else 0
+        if shared % tp:
+            raise ValueError(
+                f"parallel.tp={tp} does not divide the model's shared-expert width {shared} "
+                "(n_shared_experts x moe_intermediate_size); choose a tp that divides it"
+            )
 
     def check_ep(self, ep: int) -> None:
         """Raise a clear error when this model's experts cannot be split over `ep` ranks."""

@@ -58,8 +58,9 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Pretrain
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
     )
-    if getattr(config, "head_dim", None) is not None:  # explicit (Qwen3's defaults to 128)
-        config.head_dim = spec.head_dim
+    # Explicit for every family (Qwen3's config defaults to 128; vLLM's GLM-4.5 reads it with
+    # no fallback, as the released GLM configs carry it).
+    config.head_dim = spec.head_dim
     config.architectures = [family.architecture]
     if family.experts:
         for name, value in _expert_fields(spec).items():

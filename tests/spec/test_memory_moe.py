@@ -207,7 +207,7 @@ def test_the_fit_message_of_a_moe_model_suggests_expert_parallelism() -> None:
         "parallel.ep (each rank now holds 64 experts of every sparse layer; ep divides dp, so "
         "raise dp with it) or more parallel.pp"
     )
-    assert "parallel.tp" not in message  # refused with experts
+    assert "parallel.tp" not in message  # tp keeps whole experts on every rank
     gradients = _estimate(_shape(), dp=8, ep=2, tokens=4096, recompute="full")
     assert gradients.largest() == "gradients"
     assert over_budget_message(gradients, "80 GiB", 4096).endswith(
@@ -218,7 +218,7 @@ def test_the_fit_message_of_a_moe_model_suggests_expert_parallelism() -> None:
     assert activations.largest() == "activations"
     assert over_budget_message(activations, "80 GiB", 65536).endswith(
         "try trainer.recompute: full, a smaller trainer.micro_batch_tokens (now 65536) or more "
-        "parallel.cp (it splits each micro batch)"
+        "parallel.tp or parallel.cp (they split each micro batch)"
     )
 
 
@@ -248,3 +248,12 @@ def test_a_recipe_with_router_terms_is_still_held_to_its_gpu_memory(write_recipe
     )
     (message,) = located(path)
     assert "resources.gpu_memory_gib" in message or "more than resources.gpu_memory_gib" in message
+
+
+def test_tp_keeps_whole_experts_and_routes_a_share_of_the_tokens() -> None:
+    """Under tp the attention splits as in a dense model, every rank holds whole experts and
+    routes 1/tp of the tokens (`TensorParallelMoELayer`)."""
+    one, two = _estimate(_shape(), tokens=8192), _estimate(_shape(), tokens=8192, tp=2)
+    assert two.expert_params == one.expert_params
+    assert two.weights < one.weights  # the attention and the output layer are split
+    assert two.activations < one.activations

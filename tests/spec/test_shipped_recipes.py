@@ -54,10 +54,67 @@ def test_recipe_points_editors_at_the_schema(path: Path) -> None:
     jsonschema.validate(data, json.loads((RECIPES / "schema.json").read_text()))
 
 
+# Qwen3-30B-A3B's config.json fields (30.5B parameters, 3.3B active: 128 experts, top 8).
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "decoder_sparse_step": 1,
+    "head_dim": 128,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "mlp_only_layers": [],
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+}
+
+# GLM-4.5-Air's config.json fields (106B parameters, 12B active: a dense first layer, then 128
+# routed experts, top 8, and a shared one; RoPE on half of each head; one MTP layer).
+GLM_45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "attention_bias": True,
+    "first_k_dense_replace": 1,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1408,
+    "n_group": 1,
+    "n_routed_experts": 128,
+    "n_shared_experts": 1,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 46,
+    "num_key_value_heads": 8,
+    "num_nextn_predict_layers": 1,
+    "partial_rotary_factor": 0.5,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000,
+    "routed_scaling_factor": 1.0,
+    "tie_word_embeddings": False,
+    "topk_group": 1,
+    "use_qk_norm": False,
+    "vocab_size": 151552,
+}
+
 # Example recipes of real checkpoints, with the config.json of each: their model.path holds no
 # weights in CI, so they validate above with the shape unknown, and here against the real one
 # (the rules that read the shape, and the memory estimate held against gpu_memory_gib).
-REAL_MODELS = {"qwen3-8b-grpo-math": QWEN3_8B}
+REAL_MODELS = {
+    "qwen3-8b-grpo-math": QWEN3_8B,
+    "qwen3-30b-a3b-grpo": QWEN3_30B_A3B,
+    "glm-4.5-air-sft-tools": GLM_45_AIR,
+}
 
 
 @pytest.mark.parametrize("stem", sorted(REAL_MODELS))
@@ -78,6 +135,30 @@ def test_qwen3_8b_math_needs_its_bf16_optimizer_state(tmp_path: Path) -> None:
     [warning] = [str(d) for d in check_recipe(path, overrides).diagnostics]
     assert "more than resources.gpu_memory_gib 80; optimizer state is the largest part" in warning
     assert "try trainer.optimizer_state: bfloat16" in warning
+
+
+@pytest.mark.parametrize(
+    ("stem", "override", "remedy"),
+    [
+        # megatron-core's selective recomputation leaves MoE layers' activations in memory.
+        ("qwen3-30b-a3b-grpo", "trainer.recompute=selective", "try trainer.recompute: full"),
+        (
+            "glm-4.5-air-sft-tools",
+            "trainer.optimizer_state=float32",
+            "try trainer.optimizer_state: bfloat16",
+        ),
+    ],
+)
+def test_moe_examples_need_what_they_set_to_fit(
+    tmp_path: Path, stem: str, override: str, remedy: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(REAL_MODELS[stem]))
+    path = RECIPES / "examples" / f"{stem}.yaml"
+    [warning] = [
+        str(d) for d in check_recipe(path, [f"model.path={tmp_path}", override]).diagnostics
+    ]
+    assert "more than resources.gpu_memory_gib 80" in warning
+    assert remedy in warning
 
 
 def test_committed_schema_matches_the_code() -> None:

@@ -1,5 +1,6 @@
-"""The routed experts of a mixture-of-experts layer as two grouped GEMMs (megatron-core's
-MoE layer builds it in place of its expert loop, `SequentialMLP`).
+"""A mixture-of-experts layer under tensor parallelism (`TensorParallelMoELayer`), and its
+routed experts as two grouped GEMMs (`GroupedExperts`; megatron-core's MoE layer builds it in
+place of its expert loop, `SequentialMLP`).
 
 Megatron-core's token dispatcher hands over the tokens routed to this rank's experts sorted by
 expert: x [N, H], tokens_per_expert [E_local] (counts summing to N) and each row's routing
@@ -16,10 +17,19 @@ reduce them over the expert-data-parallel group, not every data-parallel rank.
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import (
+    gather_from_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.moe.moe_layer import MoELayer
 
 # megatron-core 0.16's router GEMM tests `te_general_gemm is not None`, but without Transformer
 # Engine the name is never bound (NameError); unbound means "no TE": its torch path runs.
@@ -40,7 +50,12 @@ class GroupedExperts(torch.nn.Module):
         self.weight2 = torch.nn.Parameter(
             torch.empty(num_local_experts, hidden, width, dtype=config.params_dtype)
         )
-        replicated = config.expert_model_parallel_size == 1
+        # Replicated like the dense weights only when the expert grid is the dense one (no ep,
+        # no tp: under tp each rank routes its own share of the tokens, see
+        # TensorParallelMoELayer); else megatron-core reduces them over the expert-data-parallel
+        # group.
+        tp = pg_collection.tp.size() if pg_collection is not None else 1
+        replicated = config.expert_model_parallel_size == 1 and tp == 1
         for weight in (self.weight1, self.weight2):
             weight.allreduce = replicated  # megatron-core's mark of an expert-parallel weight
 
@@ -62,3 +77,42 @@ class GroupedExperts(torch.nn.Module):
             hidden = (F.silu(gate) * up * p[:, None]).to(rows.dtype)
             outputs.append(F.linear(hidden, self.weight2[e]))
         return torch.cat(outputs), None
+
+
+class TensorParallelMoELayer(MoELayer):
+    """megatron-core's MoE layer, whose every tensor-parallel rank routes 1/tp of the tokens.
+
+    The trainer's layers keep each token on every tensor-parallel rank (no sequence
+    parallelism); megatron-core's MoE layer expects each rank to hold its own share (it
+    refuses to train otherwise). So: input [T, 1, H], the same on every rank -> this rank's
+    ceil(T / tp) rows (the row count padded with zero rows to a multiple of tp; their outputs
+    are dropped, though the router's statistics count them) -> megatron-core's layer with
+    `sequence_parallel` on (the shared expert gathers the rows and scatters its output back,
+    the routed experts, not split over tp, take their own tokens) -> every rank's rows
+    gathered back to [T, 1, H]. The backward of the split gathers the rows' gradients, that of
+    the gather keeps this rank's rows (the output's gradient is the same on every rank). The
+    router's weight sees only this rank's tokens: the trainer sums its gradient over the
+    tensor-parallel group (`sequence_parallel` marks it), and the experts' over the
+    expert-data-parallel group. One process (tp 1) runs megatron-core's layer unchanged.
+    """
+
+    def __init__(self, config: TransformerConfig, submodules: Any = None, **kwargs: Any):
+        self.split_tokens = parallel_state.get_tensor_model_parallel_world_size() > 1
+        if self.split_tokens:
+            config = copy.copy(config)
+            config.sequence_parallel = True
+        super().__init__(config, submodules, **kwargs)
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
+        if not self.split_tokens:
+            return super().forward(hidden_states, *args, **kwargs)
+        tokens, tp = hidden_states.shape[0], self.tp_group.size()
+        pad = -tokens % tp
+        if pad:
+            hidden_states = F.pad(hidden_states, (0, 0, 0, 0, 0, pad))
+        local = scatter_to_sequence_parallel_region(hidden_states, group=self.tp_group)
+        output, bias = super().forward(local, *args, **kwargs)
+        output = gather_from_sequence_parallel_region(
+            output, tensor_parallel_output_grad=False, group=self.tp_group
+        )
+        return output[:tokens], bias

@@ -37,7 +37,7 @@ from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_te
 from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
 from mtprun.runner.trainer.context_parallel import TokenShard
-from mtprun.runner.trainer.experts import GroupedExperts
+from mtprun.runner.trainer.experts import GroupedExperts, TensorParallelMoELayer
 
 Recompute = Literal["none", "selective", "full"]
 
@@ -157,6 +157,9 @@ def moe_config_options(shape: ModelShape, moe: MoEOptions) -> dict[str, Any]:
         "moe_z_loss_coeff": moe.z_loss_coef or None,
         "moe_router_dtype": "fp32",
         "expert_model_parallel_size": moe.ep,
+        # Experts are never split over tp (GroupedExperts holds whole experts); under tp each
+        # rank routes its own share of the tokens (TensorParallelMoELayer).
+        "expert_tensor_parallel_size": 1,
     }
 
 
@@ -429,6 +432,7 @@ def decoder_layer_spec(qk_layernorm: bool = False, experts: int | None = None) -
     if experts is None:
         spec.submodules.mlp.submodules.activation_func = SwiGLUActivation
     else:
+        spec.submodules.mlp.module = TensorParallelMoELayer
         spec.submodules.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
     return spec
 
@@ -446,17 +450,24 @@ def stage_layer_specs(shape: ModelShape, stage: PipelineStage) -> TransformerBlo
 _QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
 
 
-def sum_qk_norm_grads(model: PolicyModel, tp_group: torch.distributed.ProcessGroup | None) -> None:
-    """Sum the per-head q/k norm gradients over the tensor-parallel ranks (before the step).
+def sum_partial_grads(model: PolicyModel, tp_group: torch.distributed.ProcessGroup | None) -> None:
+    """Sum over the tensor-parallel ranks the gradients of the weights that are replicated
+    over them but of which each rank computes only a share (before the step).
 
-    The norm weight is one per head size and replicated, but each rank normalises only its
-    own heads, so its gradient is its heads' share; the sum is the whole layer's, and the
-    replicas then take the same update (megatron-core's finalize_model_grads does the same
-    for `qk_layernorm`). Reads the float32 `main_grad` where megatron's DDP keeps one.
-    `tp_group` None: one tensor-parallel rank, nothing to sum."""
-    if not model.shape.qk_norm or tp_group is None:
+    - the per-head q/k norms: one weight per head size, but each rank normalises only its own
+      heads (megatron-core's finalize_model_grads sums them too, for `qk_layernorm`);
+    - the MoE routers under tp: each rank routes only its share of the tokens
+      (`TensorParallelMoELayer`); megatron-core marks such weights `sequence_parallel`.
+    The sum is the whole layer's gradient and the replicas then take the same update. Reads
+    the float32 `main_grad` where megatron's DDP keeps one. `tp_group` None: one
+    tensor-parallel rank, nothing to sum."""
+    if tp_group is None:
         return
-    params = [p for n, p in model.named_parameters() if n.endswith(_QK_NORMS)]
+    params = [
+        p
+        for n, p in model.named_parameters()
+        if (model.shape.qk_norm and n.endswith(_QK_NORMS)) or getattr(p, "sequence_parallel", False)
+    ]
     grads = [p.main_grad if hasattr(p, "main_grad") else p.grad for p in params]
     grads = [g for g in grads if g is not None]
     if not grads:

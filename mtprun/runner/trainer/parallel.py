@@ -56,6 +56,7 @@ def init_parallel(
         pipeline_model_parallel_size=sizes["pp"],
         context_parallel_size=sizes["cp"],
         expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=1,  # whole experts on each rank (see trainer/experts.py)
         # The distributed optimizer gathers its state for checkpoints over gloo groups.
         create_gloo_process_groups=True,
     )

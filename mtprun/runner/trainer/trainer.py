@@ -43,7 +43,7 @@ from mtprun.runner.trainer.model import (
     MTP_PREFIX,
     MoEOptions,
     load_policy_model,
-    sum_qk_norm_grads,
+    sum_partial_grads,
 )
 from mtprun.runner.trainer.optim import NormScope, build_groups
 from mtprun.runner.trainer.parallel import init_parallel
@@ -206,11 +206,14 @@ class Trainer:
         return {**metrics, "lr": lr, "tokens": tokens, "trained_tokens": total}
 
     def _routing_metrics(self) -> dict[str, float]:
-        """The step's MoE routing metrics (`RouterStats`), reduced over data-parallel ranks."""
+        """The step's MoE routing metrics (`RouterStats`), reduced over the ranks that route
+        their own tokens: data-parallel, context-parallel and (`TensorParallelMoELayer`)
+        tensor-parallel ones."""
         if self.routing is None:
             return {}
-        dp = self.dp_size * self.cp_size > 1
-        group = parallel_state.get_data_parallel_group(with_context_parallel=True) if dp else None
+        group = None
+        if self.dp_size * self.cp_size * self.tp_size > 1:
+            group = parallel_state.get_tensor_and_data_parallel_group(with_context_parallel=True)
         values = self.routing.step_metrics(group)
         return dict(zip(values, _read_floats(list(values.values())), strict=True))
 
@@ -257,11 +260,11 @@ class Trainer:
         returns this step's learning rate and each optimizer's norm before clipping."""
         if self.mixed is not None:
             self.mixed.finish_grads()
-            sum_qk_norm_grads(self.model, self.tp_group)
+            sum_partial_grads(self.model, self.tp_group)
             lr = self.mixed.lr
             return lr, {"policy": self.mixed.step()}
         self._sum_data_parallel_grads()
-        sum_qk_norm_grads(self.model, self.tp_group)
+        sum_partial_grads(self.model, self.tp_group)
         lr = self.groups[0].lr
         clip = self.recipe.trainer.grad_clip
         return lr, {g.name: g.step(clip, self._norm_scope) for g in self.groups}
@@ -406,19 +409,24 @@ class Trainer:
         dist.broadcast(weight, group=parallel_state.get_embedding_group(), group_src=0)
 
     def _sum_data_parallel_grads(self) -> None:
-        """Replicas and context-parallel ranks each hold part of the step's gradient; an
-        expert-parallel rank's experts are replicated only over the ranks holding the same
-        experts (megatron-core's expert-data-parallel group)."""
-        if self.dp_size * self.cp_size == 1:
-            return
+        """Replicas and context-parallel ranks each hold part of the step's gradient. The
+        routed experts' gradients are summed over megatron-core's expert-data-parallel group
+        instead: the ranks that hold the same experts (ep) and route their own tokens to them
+        (data-parallel replicas, and under tp each tensor-parallel rank, see
+        `TensorParallelMoELayer`)."""
+        dense = self.dp_size * self.cp_size > 1
         group = parallel_state.get_data_parallel_group(with_context_parallel=True)
-        experts = parallel_state.get_expert_data_parallel_group() if self.ep_size > 1 else None
+        experts = None
+        if self.shape.experts is not None:
+            experts = parallel_state.get_expert_data_parallel_group()
+            experts = experts if dist.get_world_size(experts) > 1 else None
         for name, p in self.model.named_parameters():
             if p.grad is None:
                 continue
-            if experts is not None and ep_layout.is_expert(name):
-                dist.all_reduce(p.grad, group=experts)
-            else:
+            if ep_layout.is_expert(name):
+                if experts is not None:
+                    dist.all_reduce(p.grad, group=experts)
+            elif dense:
                 dist.all_reduce(p.grad, group=group)
 
     def _sum_over_data_parallel(self, values: list[Any], with_context: bool = False) -> list[Any]:
