@@ -123,7 +123,10 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
         task_section = recipe.task
         renderer = renderer_for(task_section.template, model_path, task_section.renderer)
         task = task_for(task_section, recipe.seed)
-        reward = load_reward(task_section.reward) if task_section.reward else None
+        # A rule reward scores the expert's episodes; an endpoint judge (or several rewards
+        # by weight) is not called here.
+        effective = task_section.effective_reward
+        reward = load_reward(effective) if isinstance(effective, str) else None
         environment = (
             load_environment_class(task_section.environment) if task_section.environment else None
         )
@@ -139,7 +142,12 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
                 "none" if score is None else f"{score:g}"
             )
             samples.append(Sample(trajectory, note))
-        name = task_section.prompts.path if task_section.prompts else task_section.name
+        prompts = task_section.prompts
+        name = (
+            task_section.name
+            if prompts is None
+            else getattr(prompts, "path", None) or f"reasoning_gym {prompts.reasoning_gym}"
+        )
         title = (
             f"task: {name} (RL, template {task_section.template}, "
             "scripted expert in place of the policy)"

@@ -40,8 +40,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="Print the HeadPlan JSON (HeadPlan.from_json reads it) with the trainer's memory "
         "per rank in bytes under `trainer_memory` (null when the model shape is unknown), the "
         "trunk terms under `trunk_terms`, a mixture-of-experts model's layout under `experts` "
-        "(null for a dense or unknown model) and the RL loop's shape under `rollout_loop` "
-        "(null without a task).",
+        "(null for a dense or unknown model), LoRA's trainable parameters and memory against "
+        "full fine-tuning under `lora` (null without model.lora) and the RL loop's shape "
+        "under `rollout_loop` (null without a task).",
     )
     parser.add_argument(
         "--head",
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     plan = compile_recipe(recipe)
     memory = recipe_trainer_memory(recipe, plan)
     experts = _experts_layout(recipe, memory)
+    lora = _lora_summary(recipe, memory, plan)
     if args.json:
         # The HeadPlan's own keys (HeadPlan.from_json reads them and ignores these).
         data = plan.to_dict()
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             for _, t in trunk_terms(recipe)
         ]
         data["experts"] = experts
+        data["lora"] = lora
         data["rollout_loop"] = _rollout_loop(recipe)
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         parts = [_overview(recipe, plan, cost), _terms_table(recipe, plan)]
         if experts is not None:
             parts.append(_experts_table(experts))
+        if lora is not None:
+            parts.append(_lora_table(lora))
         parts.append(_memory_table(recipe, memory))
         if recipe.task is not None:
             parts.append(_loop_table(recipe))
@@ -242,6 +247,83 @@ def _terms_table(recipe: Recipe, plan: HeadPlan) -> Table:
     return table
 
 
+def _lora_summary(recipe: Recipe, memory: TrainerMemory | str, plan: HeadPlan) -> dict | None:
+    """model.lora: its adapters, the trainable parameters (whole model and on the reported
+    rank) and the memory per rank against full fine-tuning of the same recipe (null without
+    model.lora; the counts null when the model's shape is not known here)."""
+    from mtprun.preflight.memory import lora_layer_params, parameters, recipe_trainer_memory
+    from mtprun.preflight.model_shape import recipe_shape
+
+    lora = recipe.model.lora
+    if lora is None:
+        return None
+    summary: dict = {
+        "rank": lora.rank,
+        "alpha": lora.alpha if lora.alpha is not None else 2.0 * lora.rank,
+        "scaling": lora.scaling,
+        "dropout": lora.dropout,
+        "modules": list(lora.modules),
+        "trainable_params": None,
+        "base_params": None,
+        "rank_trainable_params": None,
+        "memory_per_rank": None,
+        "full_finetune_memory_per_rank": None,
+    }
+    shape = recipe_shape(recipe)
+    if isinstance(shape, str) or isinstance(memory, str):
+        return summary
+    full = recipe_trainer_memory(recipe, plan, full_finetune=True)
+    assert not isinstance(full, str)
+    summary.update(
+        trainable_params=shape.layers * lora_layer_params(shape, 1, lora),
+        base_params=parameters(shape),
+        rank_trainable_params=memory.lora_params,
+        memory_per_rank=memory.total,
+        full_finetune_memory_per_rank=full.total,
+    )
+    return summary
+
+
+def _lora_table(lora: dict) -> Table:
+    table = Table(title="LoRA", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row(
+        "adapters",
+        f"rank {lora['rank']}, alpha {lora['alpha']:g} (scaling {lora['scaling']:g}), dropout "
+        f"{lora['dropout']:g} on {', '.join(lora['modules'])} of every decoder layer",
+    )
+    table.add_row("frozen", "every base weight: no gradients, no optimizer state")
+    if lora["trainable_params"] is None:
+        table.add_row("trainable parameters", "unknown: the model's shape is not known here")
+        return table
+    trainable, base = lora["trainable_params"], lora["base_params"]
+    table.add_row(
+        "trainable parameters",
+        f"{_count(trainable)} of {_count(base)} ({100 * trainable / base:.3g}%); "
+        f"{_count(lora['rank_trainable_params'])} on a rank",
+    )
+    mine, full = lora["memory_per_rank"], lora["full_finetune_memory_per_rank"]
+    unit, scale = ("GiB", 2**30) if full >= 2**30 else ("MiB", 2**20)
+    table.add_row(
+        "memory per rank",
+        f"{mine / scale:.2f} {unit} against {full / scale:.2f} {unit} for full fine-tuning "
+        f"(saves {(full - mine) / scale:.2f} {unit}, {100 * (full - mine) / full:.0f}%)",
+    )
+    table.add_row(
+        "rollouts and export",
+        "merged weights (W + scaling B A), moved whole; adapter-only transfer and PEFT export "
+        "are not yet",
+    )
+    return table
+
+
+def _count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    return f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n / 1e3:.1f} K"
+
+
 def _experts_layout(recipe: Recipe, memory: TrainerMemory | str) -> dict | None:
     """A mixture-of-experts model's experts per rank and sparse / dense layers (null for a
     dense model or one whose shape is not known here)."""
@@ -354,13 +436,21 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
     micro = "micro batch" if memory.in_flight == 1 else "micro batches (1F1B)"
     last = memory.stage == memory.stages - 1
     weights = "bf16 compute weights" if bf16 else "float32 weights"
+    if memory.lora_params:  # LoRA: the frozen base and its adapters; only the adapters train
+        weights += " (frozen base and LoRA adapters)"
+        state += f"; of the {memory.lora_params:,} adapter parameters only"
     layers = f"{memory.layers} layers"
     if memory.experts_per_rank:
         weights += f"; {memory.experts_per_rank} experts of each sparse layer"
         layers = f"{memory.layers} layers ({memory.sparse_layers} sparse)"
     rows = [
         ("weights", memory.weights, weights),
-        ("gradients", memory.gradients, "float32 main gradients" if bf16 else "float32 gradients"),
+        (
+            "gradients",
+            memory.gradients,
+            ("float32 main gradients" if bf16 else "float32 gradients")
+            + (" of the LoRA adapters" if memory.lora_params else ""),
+        ),
         ("optimizer state", memory.optimizer, state),
         (
             f"activations (recompute: {memory.recompute})",

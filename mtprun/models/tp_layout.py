@@ -4,6 +4,8 @@ column: split along dim 0 (vocab rows of embedding/output, per-group q/k/v rows)
 glu:    linear_fc1 holds [gate; up]; rank r holds [gate_r; up_r], not rows r of the stack.
 row:    split along dim 1 (inputs of linear_proj and linear_fc2).
 Anything else (norms, the MTP input projection) is replicated on every rank.
+LoRA adapters (`mtprun.models.lora`): a column-parallel layer's B is column, its A replicated;
+a row-parallel layer's A is row, its B replicated.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ _ROW = ("linear_proj.weight", "linear_fc2.weight")
 
 
 def split_of(name: str) -> Split:
+    if ".lora." in name:
+        if name.endswith("lora_B") and ("linear_qkv." in name or "linear_fc1." in name):
+            return "column"  # q/k/v and gate/up are separate adapters: plain row chunks
+        if name.endswith("lora_A") and ("linear_proj." in name or "linear_fc2." in name):
+            return "row"
+        return "replicated"
     if name.endswith(_COLUMN):
         return "column"
     if name.endswith("linear_fc1.weight"):

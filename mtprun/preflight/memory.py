@@ -95,6 +95,18 @@ trunk's layers, so A_mode' is A_none there). Head-loss buffers (last stage) are 
 plan's buffers from `mtprun.compiler.estimate.estimate_head_cost` for T rows.
 
 The reported rank is the stage with the largest total.
+
+LoRA (`model.lora`, rank r): every base parameter is frozen (weights only: no gradients, no
+optimizer state) and the adapters of the stage's decoder layers train, per layer and rank
+
+    lora   = qkv: 3 r h + r (q + 2 kv)     (A of q/k/v replicated, B split like the base)
+           + proj: r q + h r               (A split along the input, B replicated)
+           + fc1: 2 r h + 2 f r
+           + fc2: r f + h r
+
+(the targeted ones only), which take gradients and optimizer state as trained parameters do.
+Their activations add, per token, layer and adapter, b r (the low-rank product) and with
+dropout the dropped input and its mask, (b + 1) x the adapter's input width.
 """
 
 from __future__ import annotations
@@ -106,6 +118,7 @@ from mtprun.compiler import HeadPlan, compile_recipe
 from mtprun.compiler.estimate import FLOAT32, estimate_head_cost, padded_vocab
 from mtprun.models.shape import ModelShape
 from mtprun.preflight.model_shape import recipe_shape
+from mtprun.spec.model import LORA_TARGETS, LoRASection
 from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.recipe import Recipe
 
@@ -156,6 +169,31 @@ def _attention_params(shape: ModelShape, tp: int) -> int:
     qk_norms = 2 * shape.head_dim if shape.qk_norm else 0  # per head, replicated
     # linear_qkv (+ bias), linear_proj, input_layernorm and pre_mlp_layernorm.
     return h * qkv + bias + _q_width(shape, tp) * h + 2 * h + qk_norms
+
+
+def lora_layer_params(shape: ModelShape, tp: int, lora: LoRASection) -> int:
+    """Adapter parameters of one decoder layer on one tensor-parallel rank (module
+    docstring: lora)."""
+    h, r, f = shape.hidden, lora.rank, _split(shape.intermediate, tp)
+    q, kv = _q_width(shape, tp), _kv_width(shape, tp)
+    per_target = {
+        "qkv": 3 * r * h + r * (q + 2 * kv),
+        "proj": r * q + h * r,
+        "fc1": 2 * r * h + 2 * f * r,
+        "fc2": r * f + h * r,
+    }
+    return sum(per_target[t] for t in lora.layers)
+
+
+def _lora_per_token(shape: ModelShape, tp: int, b: int, lora: LoRASection) -> int:
+    """Bytes the adapters of one decoder layer keep for backward per token."""
+    adapters = len(lora.modules)
+    kept = adapters * lora.rank * b
+    if lora.dropout > 0:
+        h, q, f = shape.hidden, _q_width(shape, tp), _split(shape.intermediate, tp)
+        width = {"qkv": h, "proj": q, "fc1": h, "fc2": f}
+        kept += sum(len(LORA_TARGETS[t]) * width[t] * (b + 1) for t in lora.layers)
+    return kept
 
 
 def parameters(shape: ModelShape) -> int:
@@ -213,6 +251,9 @@ class TrainerMemory:
     experts_per_rank: int = 0
     expert_params: int = 0
     expert_optimizer_shards: int = 0
+    # LoRA (model.lora): the adapters' parameters on this rank, the only ones that train
+    # (0: full fine-tuning, every parameter trains).
+    lora_params: int = 0
 
     @property
     def total(self) -> int:
@@ -244,6 +285,7 @@ class TrainerMemory:
             "experts_per_rank": self.experts_per_rank,
             "expert_params": self.expert_params,
             "expert_optimizer_shards": self.expert_optimizer_shards,
+            "lora_params": self.lora_params,
         }
 
 
@@ -263,12 +305,13 @@ def estimate_trainer_memory(
     optimizer_state: Literal["float32", "bfloat16"] = "float32",
     separate_mtp_optimizer: bool = False,
     plan: HeadPlan | None = None,
+    lora: LoRASection | None = None,
 ) -> TrainerMemory:
     """Memory of one trainer rank on its most loaded pipeline stage (module docstring).
 
     `optimizer_state` is the dtype of AdamW's moments under bf16 weights (float32 weights keep
     float32 ones). `plan` is the compiled head loss (its buffers count on the last stage);
-    None leaves the head loss out.
+    None leaves the head loss out. `lora`: the base is frozen and only its adapters train.
     """
     tp, pp, cp, dp, ep = parallel.tp, parallel.pp, parallel.cp, parallel.dp, parallel.ep
     act_bytes = _DTYPE_BYTES[dtype]
@@ -296,6 +339,10 @@ def estimate_trainer_memory(
     candidates = []
     for stage in range(pp):
         params = _stage_params(shape, tp, pp, stage, ep)
+        adapters, held_experts = 0, params.expert
+        if lora is not None:  # the base is frozen; the adapters train (dense replicated)
+            adapters = len(stage_layers(shape, pp, stage)) * lora_layer_params(shape, tp, lora)
+            params = _StageParams(adapters, 0, params.total)
         trained = params.replicated + params.expert
         in_flight = pp - stage
         last = stage == pp - 1
@@ -307,7 +354,8 @@ def estimate_trainer_memory(
                 weights=(trained + params.frozen) * (2 if bf16_weights else 4),
                 gradients=trained * FLOAT32,
                 optimizer=optimizer_bytes,
-                activations=_activations(shape, parallel, act_bytes, recompute, tokens, stage),
+                activations=_activations(shape, parallel, act_bytes, recompute, tokens, stage)
+                + _lora_activations(shape, parallel, act_bytes, recompute, tokens, stage, lora),
                 head_loss=head if last else 0,
                 recompute=recompute,
                 stage=stage,
@@ -320,8 +368,9 @@ def estimate_trainer_memory(
                 optimizer_state=optimizer_state,
                 sparse_layers=sparse,
                 experts_per_rank=_split(shape.experts.count, ep) if shape.experts else 0,
-                expert_params=params.expert,
+                expert_params=held_experts,
                 expert_optimizer_shards=expert_shards if shape.experts else 0,
+                lora_params=adapters,
             )
         )
     return max(candidates, key=lambda m: m.total)  # the first of equals: stage 0
@@ -439,13 +488,36 @@ def _activations(
     return total
 
 
+def _lora_activations(
+    shape: ModelShape,
+    parallel: ParallelSection,
+    b: int,
+    recompute: Recompute,
+    tokens: int,
+    stage: int,
+    lora: LoRASection | None,
+) -> int:
+    """The adapters' share of the stage's activations (under full recomputation they are
+    rebuilt with their layer: one layer's worth)."""
+    if lora is None:
+        return 0
+    per_layer = tokens * _lora_per_token(shape, parallel.tp, b, lora)
+    if recompute == "full":
+        return per_layer
+    layers = len(stage_layers(shape, parallel.pp, stage))
+    return per_layer * layers * (parallel.pp - stage)
+
+
 def _split(n: int, parts: int) -> int:
     return -(-n // parts)
 
 
-def recipe_trainer_memory(recipe: Recipe, plan: HeadPlan | None = None) -> TrainerMemory | str:
+def recipe_trainer_memory(
+    recipe: Recipe, plan: HeadPlan | None = None, full_finetune: bool = False
+) -> TrainerMemory | str:
     """The estimate for `recipe` (its head loss from `plan`, compiled when not given), or why
-    it cannot be made here."""
+    it cannot be made here; `full_finetune`: as if every parameter trained (model.lora
+    ignored), what LoRA is measured against."""
     shape = recipe_shape(recipe)
     if isinstance(shape, str):
         return shape
@@ -462,6 +534,7 @@ def recipe_trainer_memory(recipe: Recipe, plan: HeadPlan | None = None) -> Train
         optimizer_state=recipe.trainer.optimizer_state,
         separate_mtp_optimizer=bool(getattr(mtp, "separate_optimizer", False)),
         plan=plan,
+        lora=None if full_finetune else recipe.model.lora,
     )
 
 

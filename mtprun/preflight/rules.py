@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from mtprun.data.environment import load_environment_class
+from mtprun.data.reasoning_gym import dataset_problem
 from mtprun.data.rewards import reward_problem
+from mtprun.data.rewards.endpoint import template_problem
 from mtprun.data.tasks import TASKS
 from mtprun.models.shape import HF_CONFIG_KEYS, ModelShape
 from mtprun.preflight.model_shape import policy_shape
-from mtprun.spec.data import DATA_FILE_SUFFIXES
+from mtprun.spec.data import DATA_FILE_SUFFIXES, ReasoningGymSpec
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import did_you_mean
 from mtprun.spec.model import VOCAB_MULTIPLE
@@ -224,12 +226,44 @@ def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
 
 @rule("task")
 def _reward_loads(r: Recipe) -> Iterator[Issue]:
-    if r.task is None or r.task.reward is None:
+    if r.task is None:
         return
-    # Imports the reward (user code) as the reward workers will: its errors are the recipe's.
-    problem = reward_problem(r.task.reward)
-    if problem is not None:
-        yield Issue(("task", "reward"), problem)
+    rewards: list[tuple[KeyPath, Any]] = []
+    if r.task.reward is not None:
+        rewards.append((("task", "reward"), r.task.reward))
+    for i, term in enumerate(r.task.rewards or ()):
+        where: KeyPath = ("task", "rewards", i)
+        rewards.append(
+            ((*where, "reward"), term.reward) if hasattr(term, "reward") else (where, term)
+        )
+    for where, reward in rewards:
+        if isinstance(reward, str):
+            # Imports the reward (user code) as the reward workers will: its errors are the
+            # recipe's.
+            problem = reward_problem(reward)
+            if problem is not None:
+                yield Issue(where, problem)
+            continue
+        problem = template_problem(reward.prompt)  # an endpoint judge's prompt template
+        if problem is not None:
+            yield Issue((*where, "prompt"), problem)
+
+
+@rule("task", "eval")
+def _reasoning_gym_datasets_exist(r: Recipe) -> Iterator[Issue]:
+    sources: list[tuple[KeyPath, Any]] = []
+    if r.task is not None:
+        sources.append((("task", "prompts"), r.task.prompts))
+    if r.eval is not None:
+        sources.append((("eval", "prompts"), r.eval.prompts))
+    for where, source in sources:
+        if not isinstance(source, ReasoningGymSpec):
+            continue
+        # Imports reasoning-gym and builds the dataset (one entry's worth) as the run will.
+        problem = dataset_problem(source.reasoning_gym, source.config)
+        if problem is not None:
+            field, message = problem
+            yield Issue((*where, "reasoning_gym" if field == "name" else "config"), message)
 
 
 @rule("task", "data", "warmstart", "eval")
@@ -244,7 +278,7 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
     if r.eval is not None:
         sources.append((("eval", "prompts"), r.eval.prompts))
     for path, source in sources:
-        if source is None:
+        if source is None or isinstance(source, ReasoningGymSpec):
             continue
         if isinstance(source, str) and source in TASKS:
             continue
@@ -296,3 +330,18 @@ def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
         ),
         "warning",
     )
+
+
+@rule("model")
+def _lora_targets_exist(r: Recipe) -> Iterator[Issue]:
+    lora, shape = r.model.lora, _policy(r)
+    if lora is None or shape is None or shape.experts is None:
+        return
+    mlp = [t for t in lora.layers if t in ("fc1", "fc2")]
+    if mlp:
+        first = next(i for i, t in enumerate(lora.targets) if t in ("fc1", "fc2", "all"))
+        yield Issue(
+            ("model", "lora", "targets", first),
+            f"LoRA on a mixture-of-experts model's MLP ({', '.join(mlp)}: its experts) is not "
+            "supported yet: use targets: [qkv, proj] (adapters on attention only)",
+        )

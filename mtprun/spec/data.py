@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mtprun.spec.base import Section
+from mtprun.spec.rewards import EndpointReward, RewardSpec, RewardTerm
 
 Template = Literal["char", "chatml", "glm"]
 DATA_FILE_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv")
 """Files a dataset path may name (or a folder may hold); see mtprun/data/datasets.py."""
+REASONING_GYM_REWARD = "reasoning_gym"
+"""The built-in reward that scores a reasoning-gym prompt with its dataset's score_answer."""
 
 
 class ColumnMap(Section):
@@ -77,6 +80,53 @@ class DatasetSpec(Section):
         if self.heldout < 1:
             return math.floor(self.heldout * rows)
         return min(int(self.heldout), rows)
+
+
+class ReasoningGymSpec(Section):
+    """Prompts of a reasoning-gym dataset (procedurally generated, with its own scorer)."""
+
+    reasoning_gym: str = Field(
+        ...,
+        description="The reasoning-gym dataset's name (basic_arithmetic, leg_counting, "
+        "countdown, ...); its `score_answer` is the reward when task.reward is not set.",
+    )
+    size: int = Field(
+        1000,
+        ge=1,
+        description="Entries in the dataset (RL steps walk them epoch by epoch, in a seeded "
+        "order; an evaluation reads the first eval.num_prompts).",
+    )
+    seed: int | None = Field(
+        None,
+        description="The dataset's generation seed (null: the recipe's seed for task.prompts, "
+        "a seed drawn from it for eval.prompts, so evaluation entries differ from training's).",
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The dataset's own configuration (its config class's fields, such as "
+        "min_terms or max_digits); size and seed are set above.",
+    )
+
+    @field_validator("config")
+    @classmethod
+    def _no_size_or_seed(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in ("size", "seed"):
+            if key in value:
+                raise ValueError(f"set {key} beside reasoning_gym (prompts.{key}), not in config")
+        return value
+
+
+def _prompts_shape(value: Any) -> str:
+    # Tags that no recipe key spells, so that error locations skip them (spec/diagnose.py).
+    return "gym" if isinstance(value, dict) and "reasoning_gym" in value else "files"
+
+
+PromptSource = Annotated[
+    Annotated[DatasetSpec, Tag("files")] | Annotated[ReasoningGymSpec, Tag("gym")],
+    Discriminator(_prompts_shape),
+]
+"""Prompts: a local dataset {path, columns, shuffle, heldout} or a reasoning-gym dataset
+{reasoning_gym, size, seed, config}."""
 
 
 RENDERER_DESCRIPTION = (
@@ -154,19 +204,32 @@ class TaskSection(Section):
         description="A built-in synthetic task (arithmetic, calculator_tool), or a `.jsonl` "
         "file of prompts; a recipe sets `name` or `prompts`.",
     )
-    prompts: DatasetSpec | None = Field(
+    prompts: PromptSource | None = Field(
         None,
-        description="A dataset of prompts (a path, or {path, columns, shuffle, heldout}); "
-        "a recipe sets `name` or `prompts`.",
+        description="A dataset of prompts (a path, or {path, columns, shuffle, heldout}), or a "
+        "reasoning-gym dataset {reasoning_gym: <name>, size, seed, config}; a recipe sets "
+        "`name` or `prompts`.",
     )
-    reward: str | None = Field(
+    reward: RewardSpec | None = Field(
         None,
-        description="A built-in reward (exact_answer, math, ...) or a Python function: "
-        "`package.module:function` or `path/to/file.py:function` (relative to the recipe "
-        "file); it takes any of prompt, completion, messages, answer and returns a float or "
-        "a mapping of named components with a `total`. It scores the episodes the "
-        "environment gives no reward. null: only with a task.environment that rewards every "
-        "episode (one it leaves unrewarded counts in reward/errors).",
+        description="A built-in reward (exact_answer, math, reasoning_gym, ...) or a Python "
+        "function: `package.module:function` or `path/to/file.py:function` (relative to the "
+        "recipe file); it takes any of prompt, completion, messages, answer and returns a "
+        "float or a mapping of named components with a `total`. Or an LLM judge behind an "
+        "OpenAI-compatible endpoint: {url, model, prompt: <template file>, parse: <regex>}. "
+        "It scores the episodes the environment gives no reward. null: reasoning-gym prompts "
+        "are scored by their dataset (reasoning_gym); otherwise only with task.rewards or a "
+        "task.environment that rewards every episode (one it leaves unrewarded counts in "
+        "reward/errors).",
+    )
+    rewards: list[RewardTerm] | None = Field(
+        None,
+        min_length=1,
+        description="Several rewards combined by weight, in place of `reward`: each "
+        "{reward: <name or function>, weight, name} or an endpoint judge {url, model, prompt, "
+        "parse, ..., weight, name}; the episode's reward is the weighted sum, each one logged "
+        "as reward/<name>. A failed one scores reward_on_error in the sum (the episode counts "
+        "in reward/errors).",
     )
     reward_timeout_s: float = Field(
         30.0, gt=0, description="Seconds one reward call may take before it counts as an error."
@@ -211,6 +274,18 @@ class TaskSection(Section):
 
     _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
     _renderer = field_validator("renderer")(check_renderer)
+
+    @property
+    def effective_reward(self) -> str | EndpointReward | None:
+        """The one reward that scores episodes: task.reward, or for reasoning-gym prompts
+        their dataset's scorer; None with task.rewards (or an environment's rewards only)."""
+        if (
+            self.reward is None
+            and self.rewards is None
+            and isinstance(self.prompts, ReasoningGymSpec)
+        ):
+            return REASONING_GYM_REWARD
+        return self.reward
 
     @field_validator("reward_on_error")
     @classmethod

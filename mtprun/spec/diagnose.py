@@ -146,6 +146,10 @@ def _pick(models: list[type[BaseModel]], node: Any) -> type[BaseModel] | None:
     if len(models) == 1:
         return models[0]
     kind = _kind_of(node)
+    if kind is None and isinstance(node, dict) and all(_kind_default(m) is None for m in models):
+        # A union without `kind` (task.prompts: a dataset or reasoning-gym): the model that
+        # knows the most of the node's keys.
+        return max(models, key=lambda m: len(node.keys() & m.model_fields.keys()), default=None)
     return next((m for m in models if _kind_default(m) == kind), None)
 
 

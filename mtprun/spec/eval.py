@@ -5,16 +5,17 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from mtprun.spec.base import Section
-from mtprun.spec.data import DatasetSpec, path_shorthand
+from mtprun.spec.data import PromptSource, path_shorthand
 
 
 class EvalSection(Section):
     """Evaluation of the policy on held-out prompts with the task's reward."""
 
-    prompts: DatasetSpec | None = Field(
+    prompts: PromptSource | None = Field(
         None,
-        description="Evaluation prompts (a path or {path, columns}); null: the rows "
-        "task.prompts.heldout holds out, or for a built-in task prompts drawn with another seed.",
+        description="Evaluation prompts (a path, {path, columns}, or a reasoning-gym dataset "
+        "{reasoning_gym, size, seed, config}); null: the rows task.prompts.heldout holds out, "
+        "or for a built-in or reasoning-gym task prompts drawn with another seed.",
     )
     num_prompts: int | None = Field(
         None,

@@ -139,7 +139,11 @@ _REFERENCE_FIELDS: tuple[KeyPath, ...] = (("task", "environment"), ("task", "rew
 
 def _resolve_relative_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
     _resolve_file_paths(doc, builtin_tasks)
-    for path in _REFERENCE_FIELDS:
+    references = list(_REFERENCE_FIELDS)
+    rewards = doc.get(("task", "rewards"))
+    if isinstance(rewards, list):
+        references += [("task", "rewards", i, "reward") for i in range(len(rewards))]
+    for path in references:
         value = doc.get(path)
         if not isinstance(value, str) or ".py:" not in value:
             continue
@@ -152,6 +156,12 @@ def _resolve_file_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
     losses = doc.get(("losses",))
     if isinstance(losses, list):
         fields += [(("losses", i, "teacher"), "file") for i in range(len(losses))]
+    # An endpoint judge's prompt template, in task.reward or an entry of task.rewards.
+    if isinstance(doc.get(("task", "reward")), dict):
+        fields.append((("task", "reward", "prompt"), "file"))
+    rewards = doc.get(("task", "rewards"))
+    if isinstance(rewards, list):
+        fields += [(("task", "rewards", i, "prompt"), "file") for i in range(len(rewards))]
     for path, kind in fields:
         value = doc.get(path)
         if isinstance(value, dict) and kind == "dataset":

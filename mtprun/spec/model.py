@@ -87,6 +87,63 @@ class TinyModel(Section):
         return -(-tokenizer_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
+# `model.lora.targets`: the trunk's linear layers (Megatron's names) and the HF modules each
+# one holds (peft's target modules: one adapter per HF module, so a PEFT adapter maps one to
+# one). `all` is every one of them.
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "proj": ("o_proj",),
+    "fc1": ("gate_proj", "up_proj"),
+    "fc2": ("down_proj",),
+}
+LoRATarget = Literal["qkv", "proj", "fc1", "fc2", "all"]
+
+
+class LoRASection(Section):
+    """Low-rank adapters (LoRA) on the policy's decoder linear layers; every base weight is
+    frozen and only the adapters train (peft's LoRA: W x + alpha / rank B A dropout(x))."""
+
+    rank: int = Field(16, ge=1, description="Adapter rank r (A is [r, in], B is [out, r]).")
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="LoRA alpha: the adapters' output is scaled by alpha / rank; null takes "
+        "2 x rank.",
+    )
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Dropout on each adapter's input (training only)."
+    )
+    targets: list[LoRATarget] = Field(
+        default_factory=lambda: ["all"],
+        min_length=1,
+        description="The decoder's linear layers that get adapters: qkv (q_proj, k_proj, "
+        "v_proj: one adapter each), proj (o_proj), fc1 (gate_proj, up_proj: one each), fc2 "
+        "(down_proj), or all of them. MTP layers, embeddings, norms and the output layer stay "
+        "frozen.",
+    )
+    path: str | None = Field(
+        None,
+        description="A PEFT adapter folder to start from (adapter_config.json, "
+        "adapter_model.safetensors); not supported yet.",
+    )
+
+    @property
+    def scaling(self) -> float:
+        """alpha / rank, peft's scaling of the adapters' output."""
+        return (self.alpha if self.alpha is not None else 2.0 * self.rank) / self.rank
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The targeted layers (qkv, proj, fc1, fc2), `all` expanded, in that order."""
+        chosen = set(LORA_TARGETS) if "all" in self.targets else set(self.targets)
+        return tuple(t for t in LORA_TARGETS if t in chosen)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The HF modules (peft's target_modules) that get adapters."""
+        return tuple(m for t in self.layers for m in LORA_TARGETS[t])
+
+
 class ModelSection(Section):
     """Exactly one of `path` and `tiny`."""
 
@@ -98,6 +155,11 @@ class ModelSection(Section):
     tiny: TinyModel | None = Field(None, description="Build a tiny random-init model instead.")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Parameter and compute dtype of trainer and rollouts."
+    )
+    lora: LoRASection | None = Field(
+        None,
+        description="Train low-rank adapters (LoRA) on the frozen policy instead of every "
+        "weight; rollouts and exports get the merged weights.",
     )
 
     @model_validator(mode="after")

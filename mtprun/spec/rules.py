@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from mtprun.losses import is_trunk_term
 from mtprun.spec.actors import ActorDemand
-from mtprun.spec.data import DATA_FILE_SUFFIXES
+from mtprun.spec.data import DATA_FILE_SUFFIXES, DatasetSpec
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity
 from mtprun.spec.model import MOE_ARCHITECTURES, MTP_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
@@ -362,12 +362,27 @@ def _task_prompts_and_reward(r: RecipeSections) -> Iterator[Issue]:
             "a task needs `name:` (a built-in task) or `prompts:` (a dataset), "
             + ("not both" if task.name else "and has neither"),
         )
-    if task.reward is None and task.environment is None:
+    if task.reward is not None and task.rewards is not None:
+        yield Issue(
+            ("task", "rewards"),
+            "a task sets `reward:` (one reward) or `rewards:` (several, by weight), not both",
+        )
+    elif task.effective_reward is None and task.rewards is None and task.environment is None:
         yield Issue(
             ("task",),
             "a task needs `reward:` (a built-in reward such as exact_answer, or "
-            "`file.py:function`), unless its task.environment rewards every episode",
+            "`file.py:function`) or `rewards:`, unless its prompts come from reasoning-gym or "
+            "its task.environment rewards every episode",
         )
+    seen: set[str] = set()
+    for i, term in enumerate(task.rewards or ()):
+        if term.label in seen:
+            yield Issue(
+                ("task", "rewards", i, "name") if term.name else ("task", "rewards", i),
+                f"a second reward named {term.label!r}: give each of task.rewards its own "
+                "`name:` (its metric is reward/<name>)",
+            )
+        seen.add(term.label)
 
 
 @rule("task")
@@ -391,11 +406,43 @@ def _eval_has_prompts(r: RecipeSections) -> Iterator[Issue]:
     if r.task is None:
         yield Issue(("eval",), "`eval:` scores the policy with the task's reward and needs `task:`")
         return
-    dataset = r.task.prompts is not None or (r.task.name or "").endswith(DATA_FILE_SUFFIXES)
-    held_out = r.task.prompts is not None and r.task.prompts.heldout > 0
+    files = isinstance(r.task.prompts, DatasetSpec)  # reasoning-gym tasks draw eval prompts
+    dataset = files or (r.task.name or "").endswith(DATA_FILE_SUFFIXES)
+    held_out = files and r.task.prompts.heldout > 0
     if r.eval.prompts is None and dataset and not held_out:
         yield Issue(
             ("eval",),
             "no evaluation prompts: hold rows out of the task's dataset (task.prompts.heldout: "
             "N or a fraction) or give eval.prompts",
+        )
+
+
+@rule("model")
+def _lora_path_not_yet(r: RecipeSections) -> Iterator[Issue]:
+    lora = r.model.lora
+    if lora is not None and lora.path is not None:
+        yield Issue(
+            ("model", "lora", "path"),
+            "resuming from a PEFT adapter folder is not supported yet (issue 25): remove "
+            "model.lora.path to start from fresh adapters (B = 0: the base model's outputs)",
+        )
+
+
+@rule("model", "losses")
+def _lora_freezes_what_terms_train(r: RecipeSections) -> Iterator[Issue]:
+    # Under LoRA only the decoder's adapters train: the MTP layers and a router are frozen.
+    if r.model.lora is None:
+        return
+    for i, term in loss_terms(r):
+        if term.kind == "mtp":
+            yield Issue(
+                ("losses", i, "kind"),
+                "the mtp term trains the MTP layers, which model.lora leaves frozen (adapters go "
+                "on the decoder's layers only): remove the term or model.lora",
+            )
+    for i, term in trunk_terms(r):
+        yield Issue(
+            ("losses", i, "kind"),
+            f"{term.kind} trains the mixture-of-experts router, which model.lora leaves frozen: "
+            "remove the term or model.lora",
         )

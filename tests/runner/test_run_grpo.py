@@ -48,11 +48,12 @@ STALENESS = 1
 
 
 def grpo_recipe(run_dir: Path) -> dict:
-    """The tiny warm-start + GRPO recipe of these runs (other e2e tests vary it)."""
+    """The tiny warm-start + GRPO recipe of these runs (other e2e tests vary it): a Qwen3 (q/k
+    norms), so that family's SFT, GRPO, weight transfers and resume run end to end here."""
     return {
         "name": "e2e-grpo",
         "run_dir": str(run_dir),
-        "model": {"tiny": E2E_TINY},
+        "model": {"tiny": {**E2E_TINY, "architecture": "qwen3"}},
         "warmstart": {
             "data": {"source": "arithmetic", "packing_length": 256, "num_samples": 128},
             "steps": WARMSTART_STEPS,

@@ -146,7 +146,8 @@ def test_a_task_without_reward_needs_an_environment(write_recipe, located):
     path = write_recipe(TINY + "task: {name: arithmetic}\n" + TAIL)
     assert located(path) == [
         f"{path}:7:1: a task needs `reward:` (a built-in reward such as exact_answer, or "
-        "`file.py:function`), unless its task.environment rewards every episode"
+        "`file.py:function`) or `rewards:`, unless its prompts come from reasoning-gym or its "
+        "task.environment rewards every episode"
     ]
     environment = "mtprun.data.tasks.calculator:CalculatorEnvironment"
     path = write_recipe(TINY + f"task: {{name: arithmetic, environment: '{environment}'}}\n" + TAIL)

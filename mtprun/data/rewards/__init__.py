@@ -4,6 +4,8 @@ registry.REWARDS / register_reward     the built-ins (exact_answer, math, ...)
 reference.load_reward(name)            a built-in, `pkg.module:function` or `file.py:function`
 reference.reward_problem(name)         what is wrong with a reference (validate)
 call.RewardInput / call.call_reward    one episode scored: components with a `total`
+endpoint.EndpointJudge                 an LLM judge behind an OpenAI-compatible endpoint
+builtin.reasoning_gym                  a reasoning-gym dataset's own score_answer
 """
 
 from mtprun.data.rewards import builtin  # noqa: F401 (registers the built-in rewards)

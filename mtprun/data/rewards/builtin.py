@@ -22,3 +22,12 @@ def math_answer(completion: str, answer: str | None) -> float:
         return 0.0
     gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$")
     return float(bool(gold) and verify(gold, parse(completion)))
+
+
+@register_reward("reasoning_gym")
+def reasoning_gym(prompt: dict, completion: str) -> float:
+    """The reasoning-gym dataset's own `score_answer` of the completion (the text of its
+    `<answer>` tag when it has one), for prompts of task.prompts: {reasoning_gym: <name>}."""
+    from mtprun.data.reasoning_gym import score
+
+    return score(prompt, completion)

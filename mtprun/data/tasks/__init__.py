@@ -37,7 +37,14 @@ def get_task(name: str) -> Task:
 
 
 def task_for(section: TaskSection, seed: int, cache_dir: str | Path | None = None) -> Task:
-    """The task a recipe's `task:` section declares: `prompts` (a dataset) or `name`."""
+    """The task a recipe's `task:` section declares: `prompts` (a dataset, or a
+    reasoning-gym one) or `name`."""
+    from mtprun.spec.data import ReasoningGymSpec
+
+    if isinstance(section.prompts, ReasoningGymSpec):
+        from mtprun.data.tasks.gym_prompts import ReasoningGymTask
+
+        return ReasoningGymTask(section.prompts, seed)
     if section.prompts is not None:
         from mtprun.data.tasks.dataset_prompts import DatasetPromptTask
 

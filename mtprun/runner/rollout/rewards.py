@@ -1,5 +1,6 @@
-"""Episodes scored by the recipe's reward in worker processes, in parallel, each call under
-`task.reward_timeout_s`.
+"""Episodes scored by the recipe's reward (`task.reward`, or the weighted `task.rewards`),
+in parallel, each call under `task.reward_timeout_s`: reward functions in worker processes,
+an endpoint judge in a pool of threads (`concurrency` requests in flight).
 
 The workers are spawned processes that import the reward once (a user file included) and
 then score one episode per message. A dispatcher thread hands queued episodes to idle
@@ -10,10 +11,17 @@ A call that raises, times out, kills its process or returns a non-finite value i
 error: counted in `reward/errors` and scored `task.reward_on_error`, or, with `fail`,
 stopping the run with the prompt, the completion and the traceback. An episode whose
 environment gave its reward is not scored again (a non-finite one is an error too).
+
+With `task.rewards` every reward scores every episode; the episode's reward is their weighted
+sum, each logged as `reward/<name>` (a function's own components as `reward/<name>/<component>`).
+A reward that fails scores `reward_on_error` in the sum, and the episode counts in
+`reward/errors` (under `fail` the run stops).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import multiprocessing
@@ -23,14 +31,16 @@ import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from mtprun.data.messages import Conversation, Prompt
 from mtprun.data.rewards import RewardInput, RewardValueError, call_reward, load_reward
+from mtprun.data.rewards.endpoint import EndpointJudge, JudgeError, describe
+from mtprun.spec.rewards import EndpointReward
 
 log = logging.getLogger("mtprun")
 _CONTEXT = multiprocessing.get_context("spawn")  # the driver holds threads and Ray: no fork
@@ -72,23 +82,59 @@ def component_means(outcomes: Sequence[RewardOutcome]) -> dict[str, float]:
     return {f"reward/{name}": sum(v) / len(v) for name, v in values.items()}
 
 
-class EpisodeScorer:
-    """The recipe's reward over episodes: a RewardPool plus the `reward_on_error` policy.
+@dataclass(frozen=True)
+class _Term:
+    """One reward of the scorer: its metric name, weight, and how it scores an episode."""
 
-    An episode whose environment gave a reward keeps it (unscored); without `task.reward`
-    (an environment meant to reward every episode) one it did not reward is an error.
+    name: str
+    weight: float
+    submit: Callable[[RewardInput], Future[RewardOutcome]]
+
+
+class EpisodeScorer:
+    """The recipe's reward over episodes: reward workers and judges plus the
+    `reward_on_error` policy.
+
+    `reward`: one reward (a built-in's name, a function reference or an endpoint judge), the
+    entries of task.rewards (objects with `label`, `weight` and `spec`), or None. An episode
+    whose environment gave a reward keeps it (unscored); without a reward (an environment
+    meant to reward every episode) one it did not reward is an error.
     """
 
     def __init__(
-        self, reward: str | None, workers: int, timeout_s: float, on_error: float | str
+        self,
+        reward: str | EndpointReward | Sequence[Any] | None,
+        workers: int,
+        timeout_s: float,
+        on_error: float | str,
     ) -> None:
-        self.reward = reward if reward is not None else "of task.environment"  # in messages
         self.on_error = on_error
-        self.pool = RewardPool(reward, workers, timeout_s) if reward is not None else None
+        self.combined = isinstance(reward, list | tuple)
+        if isinstance(reward, list | tuple):
+            specs = [(term.label, float(term.weight), term.spec) for term in reward]
+            self.reward = "task.rewards (" + ", ".join(name for name, _, _ in specs) + ")"
+        elif reward is None:
+            specs, self.reward = [], "of task.environment"  # in messages
+        else:
+            specs = [("total", 1.0, reward)]
+            self.reward = describe(reward) if isinstance(reward, EndpointReward) else reward
+        references = list(dict.fromkeys(s for _, _, s in specs if isinstance(s, str)))
+        self.pool = RewardPool(references, workers, timeout_s) if references else None
+        self.judges: list[JudgePool] = []
+        self._terms: list[_Term] = []
+        for name, weight, spec in specs:
+            if isinstance(spec, str):
+                assert self.pool is not None
+                submit = functools.partial(self.pool.submit, which=references.index(spec))
+            else:
+                self.judges.append(JudgePool(spec, timeout_s))
+                submit = self.judges[-1].submit
+            self._terms.append(_Term(name, weight, submit))
 
     @classmethod
     def for_task(cls, task: Any) -> EpisodeScorer:
-        return cls(task.reward, task.reward_workers, task.reward_timeout_s, task.reward_on_error)
+        reward = task.rewards if task.rewards is not None else task.effective_reward
+        return cls(reward, task.reward_workers, task.reward_timeout_s, task.reward_on_error)
 
     def score(
         self,
@@ -98,7 +144,7 @@ class EpisodeScorer:
         raw_completions: Sequence[str | None] | None = None,
     ) -> Scores:
         """Rewards of episode k = (prompts[k], conversations[k]): `given[k]` when it is a
-        number (the reward its environment gave), else the reward function's, which gets
+        number (the reward its environment gave), else the reward's, which gets
         `raw_completions[k]` (the text of the episode's final turn as generated; None:
         rebuilt from its final message). Raises RewardFailed on the first error under
         `reward_on_error: fail`."""
@@ -112,15 +158,18 @@ class EpisodeScorer:
             self._submit(episode) if reward is None else _given(reward)
             for episode, reward in zip(inputs, given, strict=True)
         ]
-        outcomes = [f.result() for f in futures]
+        outcomes = [
+            self._combine([f.result() for f in fs]) if isinstance(fs, list) else fs.result()
+            for fs in futures
+        ]
         totals = []
         for k, (episode, outcome) in enumerate(zip(inputs, outcomes, strict=True)):
+            if outcome.error is not None and self.on_error == "fail":
+                raise RewardFailed(self._failure(k, episode, outcome.error))
             if outcome.components is not None:
                 totals.append(outcome.components["total"])
-                continue
-            if self.on_error == "fail":
-                raise RewardFailed(self._failure(k, episode, outcome.error or ""))
-            totals.append(float(self.on_error))
+            else:
+                totals.append(float(self.on_error))
         if any(o.error for o in outcomes):
             first = next(o.error for o in outcomes if o.error)
             log.warning(
@@ -134,9 +183,12 @@ class EpisodeScorer:
             )
         return Scores(totals, outcomes)
 
-    def _submit(self, episode: RewardInput) -> Future[RewardOutcome]:
-        if self.pool is not None:
-            return self.pool.submit(episode)
+    def _submit(self, episode: RewardInput) -> Future[RewardOutcome] | list[Future[RewardOutcome]]:
+        """The future outcome of the one reward, or of each of task.rewards (a list)."""
+        if self.combined:
+            return [term.submit(episode) for term in self._terms]
+        if self._terms:
+            return self._terms[0].submit(episode)
         return _done(
             RewardOutcome(
                 None,
@@ -144,6 +196,26 @@ class EpisodeScorer:
                 "task.reward to score it",
             )
         )
+
+    def _combine(self, results: list[RewardOutcome]) -> RewardOutcome:
+        """The weighted sum of task.rewards' outcomes on one episode."""
+        components: dict[str, float] = {}
+        errors: list[str] = []
+        total = 0.0
+        for term, outcome in zip(self._terms, results, strict=True):
+            if outcome.components is None:
+                errors.append(f"reward {term.name}: {outcome.error}")
+                value = 0.0 if self.on_error == "fail" else float(self.on_error)
+            else:
+                value = outcome.components["total"]
+                components[term.name] = value
+                for part, number in outcome.components.items():
+                    if part != "total":
+                        components[f"{term.name}/{part}"] = number
+            total += term.weight * value
+        if errors and self.on_error == "fail":
+            return RewardOutcome(None, "\n".join(errors))
+        return RewardOutcome({**components, "total": total}, "\n".join(errors) or None)
 
     def _failure(self, k: int, episode: RewardInput, error: str) -> str:
         prompt = "\n".join(f"  {m['role']}: {m['content']}" for m in episode.messages[:-1])
@@ -158,6 +230,65 @@ class EpisodeScorer:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
+        for judge in self.judges:
+            judge.close()
+
+
+class JudgePool:
+    """An endpoint judge scoring episodes in `concurrency` threads; `submit` returns a future
+    outcome. Each call has task.reward_timeout_s from when it starts (its retries included): a
+    call still running then is answered as timed out (its thread is left to finish)."""
+
+    def __init__(self, spec: EndpointReward, timeout_s: float) -> None:
+        self.judge = EndpointJudge(spec)
+        self.label = describe(spec)
+        self.timeout_s = timeout_s
+        self._executor = ThreadPoolExecutor(spec.concurrency, thread_name_prefix="mtprun-judge")
+
+    def submit(self, episode: RewardInput) -> Future[RewardOutcome]:
+        outcome: Future[RewardOutcome] = Future()
+        try:
+            self._executor.submit(self._call, episode, outcome)
+        except RuntimeError as err:  # shut down
+            _settle(outcome, RewardOutcome(None, f"{self.label}: {err}"))
+        return outcome
+
+    def _call(self, episode: RewardInput, outcome: Future[RewardOutcome]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        timed_out = RewardOutcome(None, self._timed_out(""))
+        # A backstop for a server that trickles its answer (each read has its own timeout).
+        watchdog = threading.Timer(self.timeout_s + 1.0, _settle, (outcome, timed_out))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            result = RewardOutcome(self.judge.score(episode, deadline))
+        except (JudgeError, TimeoutError) as err:
+            late = time.monotonic() >= deadline
+            error = self._timed_out(str(err)) if late else f"{self.label}: {err}"
+            result = RewardOutcome(None, error)
+        except RewardValueError as err:
+            result = RewardOutcome(None, f"{self.label}: {err}")
+        except BaseException:
+            result = RewardOutcome(None, traceback.format_exc())
+        finally:
+            watchdog.cancel()
+        _settle(outcome, result)
+
+    def _timed_out(self, detail: str) -> str:
+        message = (
+            f"timed out: the {self.label} took longer than {self.timeout_s:g} s "
+            "(task.reward_timeout_s)"
+        )
+        return f"{message}: {detail}" if detail else message
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(future: Future[RewardOutcome], outcome: RewardOutcome) -> None:
+    """Set `future`'s outcome unless it has one (the call and its watchdog race)."""
+    with contextlib.suppress(InvalidStateError):
+        future.set_result(outcome)
 
 
 def _given(reward: float) -> Future[RewardOutcome]:
@@ -177,6 +308,7 @@ def _done(outcome: RewardOutcome) -> Future[RewardOutcome]:
 class _Job:
     episode: RewardInput
     future: Future[RewardOutcome]
+    which: int = 0  # the index of the reward that scores it
     deadline: float = math.inf
 
 
@@ -190,14 +322,16 @@ class _Worker:
 
 
 class RewardPool:
-    """`workers` processes running reward `reference`; `submit` returns a future outcome.
+    """`workers` processes running reward `reference` (or each of several references, chosen
+    per episode by `submit`'s `which`); `submit` returns a future outcome.
 
     A worker that cannot load the reward (validated recipes rarely get here) fails every
     episode with the import error instead of being started again and again.
     """
 
-    def __init__(self, reference: str, workers: int, timeout_s: float) -> None:
-        self.reference = reference
+    def __init__(self, reference: str | Sequence[str], workers: int, timeout_s: float) -> None:
+        self.references = [reference] if isinstance(reference, str) else list(reference)
+        self.reference = ", ".join(self.references)
         self.timeout_s = timeout_s
         self._queue: deque[_Job] = deque()
         self._lock = threading.Lock()
@@ -214,8 +348,9 @@ class RewardPool:
         """Process ids of the current workers."""
         return [w.process.pid for w in self._workers]
 
-    def submit(self, episode: RewardInput) -> Future[RewardOutcome]:
-        job = _Job(episode, Future())
+    def submit(self, episode: RewardInput, which: int = 0) -> Future[RewardOutcome]:
+        """The future outcome of reward `which` (an index of the references) on `episode`."""
+        job = _Job(episode, Future(), which)
         with self._lock:
             if self._closing:
                 raise RuntimeError("the reward pool is closed")
@@ -241,7 +376,10 @@ class RewardPool:
     def _spawn(self) -> _Worker:
         parent, child = _CONTEXT.Pipe()
         process = _CONTEXT.Process(
-            target=_worker_main, args=(child, self.reference), name="mtprun-reward", daemon=False
+            target=_worker_main,
+            args=(child, self.references),
+            name="mtprun-reward",
+            daemon=False,
         )
         process.start()
         child.close()
@@ -281,7 +419,7 @@ class RewardPool:
                     job.deadline = time.monotonic() + self.timeout_s
                     worker.job = job
                     try:
-                        worker.conn.send(job.episode)
+                        worker.conn.send((job.which, job.episode))
                     except OSError:  # it died since its last message: retry the episode
                         worker.job = None
                         self._queue.appendleft(job)
@@ -349,24 +487,24 @@ def _kill_all(workers: list[_Worker]) -> None:
         worker.process.join(timeout=10)
 
 
-def _worker_main(conn: Connection, reference: str) -> None:
-    """A reward worker: load the reward, then score episodes until the pipe closes."""
+def _worker_main(conn: Connection, references: list[str]) -> None:
+    """A reward worker: load the rewards, then score episodes until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     try:
-        fn = load_reward(reference)
+        fns = [load_reward(reference) for reference in references]
     except BaseException:
         conn.send((_BROKEN, traceback.format_exc()))
         return
     conn.send((_READY, None))
     while True:
         try:
-            episode = conn.recv()
+            which, episode = conn.recv()
         except (EOFError, OSError):
             return
         try:
-            result: tuple[Any, Any] = (call_reward(fn, episode), None)
+            result: tuple[Any, Any] = (call_reward(fns[which], episode), None)
         except RewardValueError as err:
-            result = (None, f"{reference} {err}")
+            result = (None, f"{references[which]} {err}")
         except BaseException:
             result = (None, traceback.format_exc())
         conn.send(("result", result))

@@ -27,6 +27,7 @@ from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.models import ModelShape, ep_layout, megatron_to_hf
+from mtprun.models.lora import merge_lora
 from mtprun.models.pp_layout import (
     PipelineStage,
     copies_mtp_embedding,
@@ -38,6 +39,7 @@ from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.net import free_port
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
+from mtprun.runner.trainer.lora import attach_lora
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
 from mtprun.runner.trainer.model import (
     MTP_PREFIX,
@@ -121,6 +123,8 @@ class Trainer:
             ep=ep,
             moe=moe_options(recipe),
         )
+        if recipe.model.lora is not None:  # base frozen, adapters train (trainer/lora.py)
+            attach_lora(self.model, recipe.model.lora, *tp, seed=recipe.seed)
         distill = plan.term("distill")
         self.teacher = (
             Teacher(Path(distill.teacher), self.shape, self.device, *tp, weights)
@@ -247,6 +251,8 @@ class Trainer:
                 parts, mine, group=parallel_state.get_pipeline_model_parallel_group()
             )
             full = {name: t for part in parts for name, t in part.items()}
+        if self.recipe.model.lora is not None:  # merged: W + scaling B A
+            full = merge_lora(full, self.shape, self.recipe.model.lora.scaling)
         return megatron_to_hf(full, self.shape)
 
     def _zero_grad(self) -> None:

@@ -1,0 +1,176 @@
+"""An LLM judge behind an OpenAI-compatible endpoint (`task.reward: {url, model, prompt,
+parse}`): render the prompt template with the episode, POST one chat completion, read the
+score out of the reply with the `parse` regex.
+
+`EndpointJudge.score` is one episode, synchronous, under a deadline: connection failures,
+timeouts, 429 and 5xx answers are retried with backoff until `retries` or the deadline runs
+out; anything else (a 4xx, a reply that is not a chat completion, a reply the regex finds no
+number in) raises at once. The runner calls it from a thread pool of `concurrency` threads and
+turns what it raises into `reward/errors` (task.reward_on_error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+import time
+import urllib.error
+import urllib.request
+from typing import TYPE_CHECKING
+
+from mtprun.data.rewards.call import RewardInput, RewardValueError
+
+if TYPE_CHECKING:
+    from mtprun.spec.rewards import EndpointReward
+
+TEMPLATE_FIELDS = ("question", "completion", "answer", "reasoning", "prompt")
+_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+_BACKOFF_S = 0.5
+
+
+class JudgeError(RuntimeError):
+    """The endpoint did not give a usable score; the message says why."""
+
+
+def template_fields(template: str) -> list[str]:
+    """The field names a format-string template uses; ValueError for a malformed one."""
+    fields = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is not None:
+            fields.append(field)
+    return fields
+
+
+def template_problem(path: str) -> str | None:
+    """What is wrong with the judge's prompt template at `path`, or None."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            template = file.read()
+    except OSError as err:
+        return f"cannot read the judge's prompt template: {err.strerror}: {path}"
+    try:
+        fields = template_fields(template)
+    except ValueError as err:
+        return f"{path} is not a format template: {err} (write {{{{ and }}}} for literal braces)"
+    for field in fields:
+        base = re.split(r"[.\[]", field, maxsplit=1)[0]
+        if base == "" or base.isdigit():
+            return f"{path}: a positional field {{{field}}}; name the field: " + ", ".join(
+                f"{{{f}}}" for f in TEMPLATE_FIELDS
+            )
+        if base not in TEMPLATE_FIELDS:
+            from mtprun.spec.errors import did_you_mean
+
+            return (
+                f"{path}: the template's field {{{field}}} is not one mtprun fills"
+                f"{did_you_mean(base, TEMPLATE_FIELDS)}; fields: "
+                + ", ".join(f"{{{f}}}" for f in TEMPLATE_FIELDS)
+                + " ({prompt[<column>]}: a column of the prompt's record); write {{ and }} for "
+                "literal braces"
+            )
+    return None
+
+
+def render(template: str, episode: RewardInput) -> str:
+    """The judge's user message for `episode`."""
+    question = next((m["content"] for m in reversed(episode.messages) if m["role"] == "user"), "")
+    try:
+        return template.format(
+            question=question,
+            completion=episode.completion,
+            answer=episode.answer or "",
+            reasoning=episode.reasoning,
+            prompt=episode.prompt,
+        )
+    except (KeyError, IndexError, AttributeError) as err:
+        raise JudgeError(
+            f"the judge's prompt template names {err}, which this prompt lacks"
+        ) from None
+
+
+def parse_score(pattern: str, reply: str) -> float:
+    """The score in the judge's `reply`: the first group (or whole match) of `pattern`'s first
+    match; RewardValueError when there is none or it is not a number."""
+    found = re.search(pattern, reply)
+    if found is None:
+        raise RewardValueError(f"the judge's reply has no match of {pattern!r}: {reply!r:.300}")
+    text = found.group(1) if found.re.groups else found.group(0)
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise RewardValueError(
+            f"the judge's score {text!r} (parse {pattern!r}) is not a number; reply: {reply!r:.300}"
+        ) from None
+
+
+class EndpointJudge:
+    """One judge: its template read once, one request per `score` call (thread-safe)."""
+
+    def __init__(self, spec: EndpointReward) -> None:
+        self.spec = spec
+        with open(spec.prompt, encoding="utf-8") as file:
+            self.template = file.read()
+        url = spec.url.rstrip("/")
+        self.url = url if url.endswith("/chat/completions") else f"{url}/chat/completions"
+
+    def score(self, episode: RewardInput, deadline: float) -> dict[str, float]:
+        """The judge's score of `episode` as reward components; raises JudgeError or
+        RewardValueError, or TimeoutError once `deadline` (time.monotonic) has passed."""
+        body = json.dumps(
+            {
+                "model": self.spec.model,
+                "messages": [{"role": "user", "content": render(self.template, episode)}],
+                "temperature": self.spec.temperature,
+                "max_tokens": self.spec.max_tokens,
+            }
+        ).encode()
+        reply = self._post(body, deadline)
+        return {"total": parse_score(self.spec.parse, reply)}
+
+    def _post(self, body: bytes, deadline: float) -> str:
+        headers = {"Content-Type": "application/json"}
+        if self.spec.api_key_env:
+            headers["Authorization"] = f"Bearer {os.environ.get(self.spec.api_key_env, '')}"
+        failures: list[str] = []
+        for attempt in range(self.spec.retries + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            request = urllib.request.Request(self.url, body, headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=left) as response:
+                    return _reply_text(response.read())
+            except urllib.error.HTTPError as err:
+                detail = err.read()[:300].decode(errors="replace")
+                failure = f"HTTP {err.code} from {self.url}: {detail}"
+                if err.code not in _RETRY_STATUS:
+                    raise JudgeError(failure) from None
+            except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out
+                reason = getattr(err, "reason", err)
+                failure = f"{self.url}: {reason}"
+            failures.append(failure)
+            if attempt < self.spec.retries:
+                time.sleep(max(0.0, min(_BACKOFF_S * 2**attempt, deadline - time.monotonic())))
+        if not failures:
+            raise TimeoutError(f"no time left to call {self.url}")
+        raise JudgeError(
+            f"the judge failed after {len(failures)} attempt(s): " + "; ".join(failures)
+        )
+
+
+def _reply_text(raw: bytes) -> str:
+    """The message content of a chat completion response."""
+    try:
+        content = json.loads(raw)["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise JudgeError(f"the endpoint's answer is not a chat completion: {raw[:300]!r}") from None
+    if not isinstance(content, str):
+        raise JudgeError(f"the endpoint's reply content is {content!r:.100}, not text")
+    return content
+
+
+def describe(spec: EndpointReward) -> str:
+    """How messages name a judge."""
+    return f"judge {spec.model} at {spec.url}"
