@@ -76,9 +76,11 @@ def hf_to_megatron(
     if unconverted is not None:
         leftover = {name for name in leftover if not unconverted(name, shape.layers)}
     if leftover:
+        experts = f", {shape.experts.count} routed experts" if shape.experts else ""
         raise ValueError(
-            f"{source} has tensors that {shape.architecture} with {shape.layers} layers and "
-            f"{shape.mtp_layers} MTP layers does not use: {sorted(leftover)[:5]}"
+            f"{source} has tensors that {shape.architecture} with {shape.layers} layers"
+            f"{experts} and {shape.mtp_layers} MTP layers (as config.json says) does not use: "
+            f"{sorted(leftover)[:5]}; config.json and the weights disagree"
         )
     return ep_layout.shard_state_dict(
         tp_layout.shard_state_dict(full, tp_rank, tp_size), ep_rank, ep_size

@@ -207,3 +207,14 @@ def test_router_metrics_and_aux_loss_gradient_equal_float64(megatron_tp1, moe_di
         without.train_step([batch])
         base = without.model.decoder.layers[1].mlp.router.weight.grad
         torch.testing.assert_close(router.grad - base, coef * grad.float(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_config_that_contradicts_the_weights_names_both(moe_dir):
+    shape = ModelShape.from_model_dir(moe_dir)
+    hf = load_file(moe_dir / "model.safetensors")
+    extra = hf["model.layers.1.mlp.experts.0.gate_proj.weight"]
+    with pytest.raises(ValueError, match=r"4 routed experts .*experts\.4\.gate_proj"):
+        hf_to_megatron({**hf, "model.layers.1.mlp.experts.4.gate_proj.weight": extra}, shape)
+    fewer = {n: t for n, t in hf.items() if ".experts.3." not in n}
+    with pytest.raises(KeyError, match=r"experts\.3\..*does config.json match the weights"):
+        hf_to_megatron(fewer, shape)
