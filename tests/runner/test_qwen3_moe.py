@@ -218,3 +218,26 @@ def test_a_config_that_contradicts_the_weights_names_both(moe_dir):
     fewer = {n: t for n, t in hf.items() if ".experts.3." not in n}
     with pytest.raises(KeyError, match=r"experts\.3\..*does config.json match the weights"):
         hf_to_megatron(fewer, shape)
+
+
+def test_moe_layers_run_after_a_vllm_engine_replaced_torch_streams(megatron_tp1, moe_dir):
+    """vLLM's CPU worker replaces torch.cuda.Stream at import (an engine earlier in the same
+    process, as in this suite); the trainer's CPU shims, applied again by every init_parallel,
+    give the MoE dispatcher back its stream (its side stream once held vLLM's placeholder,
+    whose events are None)."""
+    import vllm.v1.worker.cpu.shm  # noqa: F401
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    from mtprun.runner.trainer.cpu_shims import apply_cpu_shims
+    from mtprun.runner.trainer.model import PolicyModel, load_megatron_weights
+
+    MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = None  # as in a process's first MoE layer
+    apply_cpu_shims()
+    shape = ModelShape.from_model_dir(moe_dir)
+    model = PolicyModel(shape)
+    load_megatron_weights(model, hf_to_megatron(load_file(moe_dir / "model.safetensors"), shape))
+    assert MoEAlltoAllTokenDispatcher.cuda_dtoh_stream.record_event() is not None
+    ids = torch.randint(0, shape.vocab, (1, 8))
+    causal = torch.triu(torch.ones(8, 8, dtype=torch.bool), diagonal=1)[None, None]
+    with torch.no_grad():
+        assert model.eval()(ids, torch.arange(8)[None], causal).shape == (1, 8, shape.vocab)

@@ -36,7 +36,10 @@ def needs_cpu_shims() -> bool:
 def apply_cpu_shims() -> None:
     """Patch the CUDA assumptions above; idempotent, no-op on machines with a GPU."""
     global _applied
-    if _applied or not needs_cpu_shims():
+    if not needs_cpu_shims():
+        return
+    _one_stream()  # every time: vLLM's CPU worker installs its own at import
+    if _applied:
         return
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda device=None: None
@@ -47,13 +50,23 @@ def apply_cpu_shims() -> None:
 
     random._get_cuda_rng_state = lambda *args, **kwargs: None
     random._set_cuda_rng_state = lambda *args, **kwargs: None
-    torch.cuda.Stream = lambda *args, **kwargs: _ONE_STREAM
-    torch.cuda.current_stream = lambda device=None: _ONE_STREAM
-    torch.cuda.stream = lambda stream: contextlib.nullcontext()
     from megatron.core.transformer.moe import token_dispatcher
 
     token_dispatcher.maybe_move_tensor_to_cpu = _host_copy
     _applied = True
+
+
+def _one_stream() -> None:
+    """The CPU's one stream as torch.cuda's streams and as the MoE dispatcher's side stream.
+    Re-applied on every call: importing vLLM's CPU worker (an engine in the same process, as
+    in tests) replaces torch.cuda.Stream with a placeholder whose events are None, and a
+    dispatcher built after that keeps it as its class-wide side stream."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    torch.cuda.Stream = _OneStream  # a class still: vLLM annotates with `Stream | None`
+    torch.cuda.current_stream = lambda device=None: _OneStream()
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    token_dispatcher.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _OneStream()
 
 
 def _host_copy(tensor, as_numpy: bool = False, record_stream: bool = False):
@@ -64,7 +77,14 @@ def _host_copy(tensor, as_numpy: bool = False, record_stream: bool = False):
 
 
 class _OneStream:
-    """The CPU's one stream: everything on it is already ordered."""
+    """The CPU's one stream (one instance): everything on it is already ordered."""
+
+    _instance: _OneStream | None = None
+
+    def __new__(cls, *args: object, **kwargs: object) -> _OneStream:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
 
     def wait_stream(self, stream: object) -> None:
         pass
@@ -74,9 +94,6 @@ class _OneStream:
 
     def record_event(self) -> _OneStream:
         return self  # an event whose synchronize() has nothing to wait for
-
-
-_ONE_STREAM = _OneStream()
 
 
 class _TorchOnCpu:
