@@ -18,7 +18,7 @@ from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyExperts, TinyModel
 
 from .conftest import TINY, make_recipe, random_packed_batch
-from .qwen3_folders import build_glm4_moe_folder
+from .qwen3_folders import assert_logits_equal_transformers, build_glm4_moe_folder
 from .test_qwen3_moe import ADAMW, _hf_logprobs, check_trains_like_one_process
 
 
@@ -54,13 +54,7 @@ def test_converts_both_ways_exactly_and_computes_transformers_logits(megatron_tp
 
     model = PolicyModel(shape)
     load_megatron_weights(model, full)
-    reference = AutoModelForCausalLM.from_pretrained(glm_dir, dtype=torch.float32).eval()
-    ids = torch.randint(0, shape.vocab, (1, 24), generator=torch.Generator().manual_seed(11))
-    causal = torch.triu(torch.ones(24, 24, dtype=torch.bool), diagonal=1)[None, None]
-    with torch.no_grad():
-        got = model.eval()(ids, torch.arange(24)[None], causal)
-        want = reference(ids).logits
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_logits_equal_transformers(model, glm_dir)
 
 
 def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, glm_dir, tmp_path):

@@ -19,7 +19,7 @@ from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.parallel import ParallelSection
 
 from .conftest import make_recipe, random_packed_batch
-from .qwen3_folders import build_qwen3_moe_folder
+from .qwen3_folders import assert_logits_equal_transformers, build_qwen3_moe_folder
 
 ADAMW = {"optimizer": "adamw", "lr": 1e-3}
 
@@ -71,13 +71,7 @@ def test_converts_both_ways_exactly_and_computes_transformers_logits(megatron_tp
 
     model = PolicyModel(shape)
     load_megatron_weights(model, hf_to_megatron(hf, shape))
-    reference = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
-    ids = torch.randint(0, shape.vocab, (1, 24), generator=torch.Generator().manual_seed(11))
-    causal = torch.triu(torch.ones(24, 24, dtype=torch.bool), diagonal=1)[None, None]
-    with torch.no_grad():
-        got = model.eval()(ids, torch.arange(24)[None], causal)
-        want = reference(ids).logits
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert_logits_equal_transformers(model, moe_dir)
 
 
 def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, moe_dir, tmp_path):
