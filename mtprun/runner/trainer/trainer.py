@@ -27,7 +27,7 @@ from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.models import ModelShape, ep_layout, megatron_to_hf
-from mtprun.models.lora import merge_lora
+from mtprun.models.lora import is_adapter, merge_lora, peft_name
 from mtprun.models.pp_layout import (
     PipelineStage,
     copies_mtp_embedding,
@@ -237,8 +237,24 @@ class Trainer:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named tensors (gathered over TP and pipeline stages) for vLLM weight sync
-        and HF export. Every process of the model-parallel group must call it (it gathers)."""
+        and HF export; with LoRA the adapters merged into their weights. Every process of the
+        model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
+        full = self._gather_whole_model(local)
+        if self.recipe.model.lora is not None:  # merged: W + scaling B A
+            full = merge_lora(full, self.shape, self.recipe.model.lora.scaling)
+        return megatron_to_hf(full, self.shape)
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapters alone, whole (gathered over TP and pipeline stages) and under
+        PEFT's names (`mtprun.models.lora.peft_name`), as `adapter_model.safetensors` holds
+        them. Every process of the model-parallel group must call it (it gathers)."""
+        local = {n: t for n, t in self.model.state_dict().items() if is_adapter(n)}
+        return {peft_name(n): t for n, t in self._gather_whole_model(local).items()}
+
+    def _gather_whole_model(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This process's tensors `local` -> whole-model tensors under whole-model names,
+        gathered over TP, EP and pipeline stages."""
         full = gather_state_dict(local, self.tp_size, self.tp_group)
         if self.ep_size > 1:
             group = parallel_state.get_expert_model_parallel_group()
@@ -251,9 +267,7 @@ class Trainer:
                 parts, mine, group=parallel_state.get_pipeline_model_parallel_group()
             )
             full = {name: t for part in parts for name, t in part.items()}
-        if self.recipe.model.lora is not None:  # merged: W + scaling B A
-            full = merge_lora(full, self.shape, self.recipe.model.lora.scaling)
-        return megatron_to_hf(full, self.shape)
+        return full
 
     def _zero_grad(self) -> None:
         if self.mixed is not None:
