@@ -29,6 +29,16 @@ mtprun runs, on N processes and GPUs; the last rank reports (peak: the largest r
     python bench/trainer_gpu.py --mixed-lengths --trainers mtprun   # RL-like packed rows
     python bench/trainer_gpu.py --cpu-dry-run                      # tiny sizes on CPU
     python bench/trainer_gpu.py --cpu-dry-run --shape qwen3-8b --tp 2  # a tiny Qwen3, 2 ranks
+    python bench/trainer_gpu.py --shape qwen3-8b --lora 64 --trainers mtprun,hf \
+        --seq 2048 --micro-batch-tokens 4096                       # issue 25: LoRA vs peft
+
+With `--lora R` every trainer trains LoRA adapters of rank R (alpha 2R, no dropout) on every
+linear layer of the decoder (q/k/v/o, gate/up/down) over frozen bf16 weights: mtprun's
+`model.lora`, and peft's `get_peft_model` on the transformers model for the hf row. A LoRA
+step computes no weight gradient of the frozen base: its model FLOPs count 4 (not 6) x the
+frozen parameters a token (forward 2, input gradients 2), 6 x the adapters' and the same
+attention term. `--layers N` cuts the shape to its first N layers (to compare with a full
+fine-tune that does not fit the whole model).
 
 Qwen3-8B at tp 2 holds 4.1B parameters a rank: bf16 weights 7.6 GiB, float32 main gradients
 15.3 GiB, float32 master weights 15.3 GiB and AdamW's float32 moments 30.5 GiB leave no room for
@@ -49,7 +59,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +73,7 @@ from mtprun.data.batch import PackedBatch
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.losses.grpo import GRPOTerm
 from mtprun.models.tiny import build_tiny_model
-from mtprun.spec.model import TinyModel
+from mtprun.spec.model import LoRASection, TinyModel
 
 TRAINERS = ("mtprun", "hf", "liger")
 WORKLOADS: dict[str, list[dict]] = {
@@ -119,10 +129,21 @@ class Shape:
             attention += q + 2 * kv
         return self.layers * (attention + 3 * h * self.ffn + 2 * h) + h
 
-    def step_flops(self, lengths: list[int]) -> float:
+    def lora_params(self, rank: int) -> int:
+        """Parameters of rank-`rank` adapters on every decoder linear layer: r (in + out)
+        for each of q, k, v, o, gate, up, down."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        widths = [(h, q), (h, kv), (h, kv), (q, h), (h, self.ffn), (h, self.ffn), (self.ffn, h)]
+        return self.layers * rank * sum(i + o for i, o in widths)
+
+    def step_flops(self, lengths: list[int], lora_rank: int = 0) -> float:
         """Model FLOPs of one step (forward + backward) over sequences of `lengths`: the
-        numerator of MFU_FORMULA."""
-        dense = 6 * (self.body_params + self.hidden * self.vocab) * sum(lengths)
+        numerator of MFU_FORMULA; with LoRA the frozen weights count 4 a token, not 6."""
+        base = self.body_params + self.hidden * self.vocab
+        if lora_rank:
+            dense = (4 * base + 6 * self.lora_params(lora_rank)) * sum(lengths)
+        else:
+            dense = 6 * base * sum(lengths)
         query = self.heads * self.head_dim
         return dense + 6 * self.layers * query * sum(n * n for n in lengths)
 
@@ -248,6 +269,11 @@ def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict
     }
     losses = WORKLOADS[cfg.workload]
     recipe = smoke_recipe(folder, args.dtype, losses, cfg.rl, trainer_section, layout)
+    if args.lora:
+        lora = {"rank": args.lora, "targets": ["all"]}
+        recipe = recipe.model_copy(
+            update={"model": recipe.model.model_copy(update={"lora": LoRASection(**lora)})}
+        )
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
     batches = cfg.micro_batches(args.device)
     times, loss = time_steps(
@@ -257,6 +283,8 @@ def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict
     mixed = ", lengths in [s/2, 3s/2]" if cfg.mixed else ""
     moments = args.optimizer_state if args.dtype == "bfloat16" else "float32"  # CPU: float32
     note = f"recompute {args.recompute}, {moments} moments{mixed}"
+    if args.lora:
+        note += f", LoRA r={args.lora} all linear"
     return Measured(times, loss, micro, note)
 
 
@@ -289,6 +317,8 @@ def run_hf(cfg: Config, folder: Path, args: argparse.Namespace, liger: bool) -> 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
     model.to(args.device).train()
+    if args.lora:
+        model = _peft_lora(model, args.lora)
     # The same micro batches as mtprun's, gradients accumulated; each micro batch's mean
     # loss weighted by its share of the step's trained tokens (= the step's token mean).
     parts = cfg.micro_batches(args.device)
@@ -297,9 +327,12 @@ def run_hf(cfg: Config, folder: Path, args: argparse.Namespace, liger: bool) -> 
     fused_ce = liger and not cfg.rl
     with contextlib.ExitStack() as stack:
         note = "SDPA; float32 full-logit loss"
+        if args.lora:
+            note += f"; peft LoRA r={args.lora}, float32 adapters"
         if liger:
             note = stack.enter_context(_liger_patched(model, fused_ce))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trained, lr=LR, weight_decay=0.0, fused=True)
 
         def micro_loss(part: PackedBatch) -> torch.Tensor:
             ids = part.input_ids.view(-1, cfg.seq)
@@ -316,13 +349,23 @@ def run_hf(cfg: Config, folder: Path, args: argparse.Namespace, liger: bool) -> 
                 loss = micro_loss(part) * share
                 loss.backward()
                 total += loss.detach()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+            torch.nn.utils.clip_grad_norm_(trained, GRAD_CLIP)
             optimizer.step()
             return total
 
         times, loss = time_steps(step, args.warmup, args.steps, args.device)
     rows = cfg.micro_tokens // cfg.seq
     return Measured(times, loss, f"[{rows}, {cfg.seq}] x{len(parts)}", note)
+
+
+def _peft_lora(model: torch.nn.Module, rank: int) -> torch.nn.Module:
+    """`model` with peft's LoRA of rank `rank` (alpha 2 rank) on every decoder linear layer,
+    the base frozen; adapters in float32 (peft's autocast_adapter_dtype default)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=targets)
+    return get_peft_model(model, config)
 
 
 def _full_logit_loss(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -387,7 +430,7 @@ def measure(
     if measured is None:
         return {**row, "peak_GiB": peak}
     step = statistics.median(measured.times)
-    flops = cfg.shape.step_flops(cfg.lengths())
+    flops = cfg.shape.step_flops(cfg.lengths(), args.lora)
     return {
         **row,
         "micro_batch": measured.micro_batch,
@@ -572,6 +615,8 @@ def parse_args() -> argparse.Namespace:
         "--mixed-lengths", action="store_true",
         help="sequences of random lengths in [seq/2, 3 seq/2] (mtprun only; one micro batch)",
     )  # fmt: skip
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear layer")
+    parser.add_argument("--layers", type=int, help="the shape's first N layers only")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (mtprun only)")
     parser.add_argument("--cp", type=int, default=1, help="context-parallel ranks (mtprun only)")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU, for MFU")
@@ -581,6 +626,10 @@ def parse_args() -> argparse.Namespace:
     cpu = args.cpu_dry_run
     args.device, args.dtype = ("cpu", "float32") if cpu else ("cuda", "bfloat16")
     args.shape = CPU_SHAPES[SHAPES[args.shape].architecture] if cpu else SHAPES[args.shape]
+    if args.layers:
+        args.shape = replace(
+            args.shape, name=f"{args.shape.name}-{args.layers}l", layers=args.layers
+        )
     args.seq = args.seq or ([16, 64] if cpu else [512, 2048, 8192])
     args.steps = args.steps or (2 if cpu else 5)
     args.warmup = (1 if cpu else 2) if args.warmup is None else args.warmup
