@@ -31,6 +31,8 @@ mtprun runs, on N processes and GPUs; the last rank reports (peak: the largest r
     python bench/trainer_gpu.py --cpu-dry-run --shape qwen3-8b --tp 2  # a tiny Qwen3, 2 ranks
     python bench/trainer_gpu.py --shape qwen3-8b --lora 64 --trainers mtprun,hf \
         --seq 2048 --micro-batch-tokens 4096                       # issue 25: LoRA vs peft
+    python bench/trainer_gpu.py --shape qwen3.5-9b --layers 16 --trainers mtprun,hf \
+        --workload sft --seq 2048 --micro-batch-tokens 4096        # issue 27: Qwen3.5
 
 With `--lora R` every trainer trains LoRA adapters of rank R (alpha 2R, no dropout) on every
 linear layer of the decoder (q/k/v/o, gate/up/down) over frozen bf16 weights: mtprun's
@@ -38,7 +40,9 @@ linear layer of the decoder (q/k/v/o, gate/up/down) over frozen bf16 weights: mt
 step computes no weight gradient of the frozen base: its model FLOPs count 4 (not 6) x the
 frozen parameters a token (forward 2, input gradients 2), 6 x the adapters' and the same
 attention term. `--layers N` cuts the shape to its first N layers (to compare with a full
-fine-tune that does not fit the whole model).
+fine-tune that does not fit the whole model). The Qwen3.5 shape (Gated DeltaNet and gated
+attention) is `bench/hybrid_shape.py`'s, FLOPs counted as its docstring says; its hf row runs
+flash-linear-attention's kernels where transformers finds `fla` installed.
 
 Qwen3-8B at tp 2 holds 4.1B parameters a rank: bf16 weights 7.6 GiB, float32 main gradients
 15.3 GiB, float32 master weights 15.3 GiB and AdamW's float32 moments 30.5 GiB leave no room for
@@ -67,6 +71,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gpu_smoke_megatron import random_batch, random_lengths, smoke_recipe, spawn_ranks
+from hybrid_shape import CPU_QWEN3_5, QWEN3_5_9B, HybridShape
 
 from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
@@ -152,11 +157,13 @@ SHAPES = {
     "1.5b": Shape("1.5b", 1536, 28, 12, 2, 8960, 151936),  # Qwen2.5-1.5B
     "7b": Shape("7b", 3584, 28, 28, 4, 18944, 152064),  # Qwen2.5-7B
     "qwen3-8b": Shape("qwen3-8b", 4096, 36, 32, 8, 12288, 151936, "qwen3"),  # Qwen3-8B
+    "qwen3.5-9b": QWEN3_5_9B,  # Gated DeltaNet + gated attention (bench/hybrid_shape.py)
 }
 # --cpu-dry-run: the family of the --shape asked for at tiny sizes (tp 2 divides the KV heads).
 CPU_SHAPES = {
     "qwen2": Shape("cpu-tiny", 128, 2, 4, 2, 256, 256),
     "qwen3": Shape("cpu-tiny-qwen3", 128, 2, 4, 2, 256, 256, "qwen3"),
+    "qwen3_5": CPU_QWEN3_5,
 }
 
 
@@ -519,7 +526,9 @@ def _defaults(dtype: torch.dtype, device: str) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
-def model_folder(shape: Shape, max_seq: int, root: Path, dtype: str, device: str) -> Path:
+def model_folder(
+    shape: Shape | HybridShape, max_seq: int, root: Path, dtype: str, device: str
+) -> Path:
     """The shape's random-init HF folder under `root`, built unless it is there already.
     `build_tiny_model` runs with `dtype` and `device` as torch's defaults, so the weights
     are written in `dtype` and drawn on the GPU (seconds; a 7B model takes minutes on CPUs);
@@ -529,17 +538,24 @@ def model_folder(shape: Shape, max_seq: int, root: Path, dtype: str, device: str
         print(f"model folder: {folder} (reused)", flush=True)
         return folder
     start = time.perf_counter()
-    spec, tokenizer = shape.tiny(max(max_seq, 32768)), build_tokenizer("char")  # Qwen2.5's
+    max_seq, tokenizer = max(max_seq, 32768), build_tokenizer("char")  # Qwen2.5's
+
+    def build() -> None:
+        if isinstance(shape, HybridShape):
+            shape.build_folder(folder, max_seq, tokenizer)
+        else:
+            build_tiny_model(shape.tiny(max_seq), tokenizer, folder, seed=0)
+
     try:
         with _defaults(getattr(torch, dtype), device):
-            build_tiny_model(spec, tokenizer, folder, seed=0)
+            build()
     except Exception:
         if device == "cpu":
             raise
         traceback.print_exc()
         print("building the model folder on the GPU failed; building it on the CPU")
         with _defaults(getattr(torch, dtype), "cpu"):
-            build_tiny_model(spec, tokenizer, folder, seed=0)
+            build()
     _free_memory(device)
     print(f"model folder: {folder} ({time.perf_counter() - start:.0f} s)", flush=True)
     return folder

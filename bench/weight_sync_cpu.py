@@ -3,6 +3,7 @@ collective transfer (trainer rank 0 broadcasting bucketed bytes over gloo).
 
     PYTHONPATH=. .venv/bin/python bench/weight_sync_cpu.py --model tiny
     PYTHONPATH=. .venv/bin/python bench/weight_sync_cpu.py --model 0.5b
+    PYTHONPATH=. .venv/bin/python bench/weight_sync_cpu.py --model 0.5b --lora 16
 
 The real run path: a local Ray instance, one trainer rank (Megatron-core, the recipe's
 `model.dtype`) and one vLLM rollout engine started from a random-init Qwen2 folder, and the
@@ -11,6 +12,9 @@ vocab); `0.5b` is Qwen2-0.5B's (hidden 896, 24 layers, 14 heads, 2 KV heads, MLP
 151936, tied: 494M parameters). Each method syncs `--repeats` times after one warm-up push
 (the collective's first push also forms its group); the median and the fastest are printed
 (on a shared machine the fastest is the one least disturbed by other processes).
+`--lora RANK` trains adapters of that rank on every target (`model.lora`): the engine serves
+the base with vLLM's LoRA layers and each push moves the adapters alone; `sync/bytes` is what
+each engine received.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--layers", type=int, help="Decoder layers instead of the shape's.")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lora", type=int, metavar="RANK", help="Sync LoRA adapters of RANK.")
     parser.add_argument(
         "--methods",
         nargs="+",
@@ -71,7 +76,11 @@ def main() -> None:
     recipe = Recipe.model_validate(
         {
             "name": "weight-sync-bench",
-            "model": {"tiny": shape, "dtype": args.dtype},
+            "model": {
+                "tiny": shape,
+                "dtype": args.dtype,
+                "lora": {"rank": args.lora, "targets": ["all"]} if args.lora else None,
+            },
             "task": {"name": "addition", "reward": "addition", "template": "char"},
             "losses": [{"kind": "grpo"}],
             "rollout": {"max_tokens": 6},
@@ -101,6 +110,7 @@ def main() -> None:
                 }
                 for key in ("time/sync_s", "time/engine_sync_s")
             }
+            results[method]["sync/bytes"] = pushes[-1]["sync/bytes"]
         pool.shutdown()
         trainer.shutdown()
     finally:
@@ -112,6 +122,7 @@ def main() -> None:
                 "model": args.model,
                 "layers": shape["layers"],
                 "dtype": args.dtype,
+                "lora_rank": args.lora,
                 "parameters": parameters,
                 "repeats": args.repeats,
                 "date": time.strftime("%Y-%m-%d"),

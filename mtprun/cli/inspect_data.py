@@ -93,12 +93,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
-    from mtprun.data.environment import load_environment_class
     from mtprun.data.prompts import ConversationDataset
     from mtprun.data.render import renderer_for
     from mtprun.data.rewards import RewardInput, call_reward, load_reward
     from mtprun.data.sft import load_conversations
-    from mtprun.data.tasks import task_for
+    from mtprun.data.tasks import load_environment_class, task_for
     from mtprun.data.trajectory import expert_rollout
 
     model_path = recipe.model.path

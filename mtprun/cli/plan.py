@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         data["experts"] = experts
         data["lora"] = lora
         data["rollout_loop"] = _rollout_loop(recipe)
+        data["reward_models"] = _reward_models(recipe)
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
         cost = _cost(recipe, plan, args.head)
@@ -97,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         parts.append(_memory_table(recipe, memory))
         if recipe.task is not None:
             parts.append(_loop_table(recipe))
+        if reward_models := _reward_models(recipe):
+            parts.append(_reward_models_table(recipe, reward_models))
         Console().print(Group(*parts))
     return 0
 
@@ -121,6 +124,39 @@ def _rollout_loop(recipe: Recipe) -> dict | None:
         "sync_bytes_per_engine": per_engine,
         "sync_bytes_per_step": None if per_engine is None else per_engine * rollout.num_engines,
     }
+
+
+def _reward_models(recipe: Recipe) -> list[dict]:
+    """The reward models the run serves (task.reward / task.rewards {model, kind}): each one's
+    folder, architecture, parameters, weights' bytes (its config's dtype) and the CPUs and GPUs
+    its actor reserves (see mtprun.preflight.reward_models)."""
+    from mtprun.preflight.reward_models import served_models
+
+    return [model.to_dict() for model in served_models(recipe)]
+
+
+def _reward_models_table(recipe: Recipe, models: list[dict]) -> Table:
+    from mtprun.spec.actors import ActorDemand
+
+    table = Table(title="served reward models (one vLLM engine each, beside the rollout engines)")
+    for column in ("at", "kind", "architecture", "parameters", "weights", "actor"):
+        table.add_column(column)
+    for m in models:
+        table.add_row(
+            m["where"],
+            m["kind"],
+            m["architecture"],
+            f"{m['parameters']:,}",
+            f"{_mib(m['weight_bytes'])} ({m['dtype']}) + vLLM's KV cache",
+            f"{m['cpus']:g} CPU, {m['gpus']:g} GPU",
+        )
+    demand = ActorDemand.of(recipe)
+    table.caption = (
+        f"the run's actors reserve {demand.need('CPU'):g} CPUs and {demand.need('GPU'):g} GPUs "
+        f"at once ({demand.trainer_ranks} trainer ranks, {demand.engines} rollout engines, "
+        f"{demand.reward_models} reward models)"
+    )
+    return table
 
 
 def _loop_table(recipe: Recipe) -> Table:
@@ -311,9 +347,13 @@ def _lora_table(lora: dict) -> Table:
         f"(saves {(full - mine) / scale:.2f} {unit}, {100 * (full - mine) / full:.0f}%)",
     )
     table.add_row(
-        "rollouts and export",
-        "merged weights (W + scaling B A), moved whole; adapter-only transfer and PEFT export "
-        "are not yet",
+        "rollouts",
+        "merged weights (W + scaling B A), moved whole; adapter-only transfer is not yet",
+    )
+    table.add_row(
+        "checkpoints and export",
+        "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors); "
+        "`mtprun export --merge`: the merged HF folder",
     )
     return table
 

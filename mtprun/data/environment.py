@@ -58,11 +58,14 @@ class EnvStep:
     done:     True ends the episode (messages are then ignored).
     reward:   the episode's reward, or None to let the recipe's task.reward score it. The
               last reward an environment gives during an episode is the one that counts.
+    components: named parts of `reward` (a rubric's rewards before weighting, say), each
+              logged as reward/<name>; given only with a reward.
     """
 
     messages: Sequence[Message | Mapping[str, Any]] = ()
     done: bool = False
     reward: float | None = None
+    components: Mapping[str, float] | None = None
 
 
 class Environment(ABC):
@@ -123,19 +126,23 @@ def step_all(envs: Sequence[Any], conversations: Sequence[Conversation]) -> list
     return [_checked_step(env, result) for env, result in zip(envs, results, strict=True)]
 
 
-def episode_tools(env: Any, prompt: Prompt) -> tuple[ToolSpec, ...]:
+def episode_tools(env: Any, prompt: Prompt, prints_tools: bool = True) -> tuple[ToolSpec, ...]:
     """The tool specs the chat template prints for an episode: its prompt's (the dataset
     row's `tools`), else its environment's `tools` attribute, else none. ValueError for an
-    attribute that is not a list of tool specs."""
+    attribute that is not a list of tool specs. `prints_tools` False (mtprun's own tiny chat
+    formats print none): the environment's tools are called unprinted, in the template's
+    syntax (as calculator_tool's calculator), so none are returned for them; a prompt's own
+    still are (and refused by such a template)."""
     if prompt.tools:
         return prompt.tools
     declared = getattr(env, "tools", None)
     if declared is None:
         return ()
     try:
-        return parse_tools(declared)
+        tools = parse_tools(declared)
     except ConversationError as err:
         raise ValueError(f"{_name(env)}.tools is not a list of tool specs: {err}") from err
+    return tools if prints_tools else ()
 
 
 def inserted_messages(step: EnvStep) -> Conversation:
@@ -177,6 +184,14 @@ def _checked_step(env: Any, result: Any) -> EnvStep:
         raise TypeError(f"{where} returned {type(result).__name__}, not EnvStep ({INTERFACE})")
     if result.reward is not None and not isinstance(result.reward, int | float):
         raise TypeError(f"{where}: reward must be a number or None, not {result.reward!r}")
+    if result.components is not None and (
+        result.reward is None
+        or not all(isinstance(v, int | float) for v in result.components.values())
+    ):
+        raise TypeError(
+            f"{where}: components must be numbers, given with the reward they make up, not "
+            f"{result.components!r} with reward {result.reward!r}"
+        )
     if result.done:
         return result
     try:
@@ -217,15 +232,3 @@ def _name(obj: Any) -> str:
     """A class's or function's name; an instance's class name."""
     named = obj if inspect.isclass(obj) or inspect.isroutine(obj) else type(obj)
     return getattr(named, "__qualname__", repr(obj))
-
-
-def load_environment_class(reference: str) -> type:
-    """The environment class a recipe's task.environment names; ValueError (with the reason)
-    when it cannot be imported or lacks the interface."""
-    from mtprun.data.references import load_reference
-
-    cls = load_reference(reference)
-    problem = interface_problem(cls)
-    if problem is not None:
-        raise ValueError(problem)
-    return cls

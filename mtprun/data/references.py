@@ -42,7 +42,7 @@ def load_reference(reference: str) -> Any:
     """The object `reference` names; UnresolvedReference when the module or the name is missing,
     or the module fails to import (its own error is in the message)."""
     target, name = split_reference(reference)
-    module = _import_file(target) if target.endswith(".py") else _import_module(target)
+    module = import_target(target)
     try:
         return getattr(module, name)
     except AttributeError:
@@ -50,6 +50,12 @@ def load_reference(reference: str) -> Any:
         close = difflib.get_close_matches(name, public, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnresolvedReference(f"{target} has no attribute {name!r}{hint}") from None
+
+
+def import_target(target: str) -> ModuleType:
+    """The module a reference's first part names: a `.py` file or a dotted module name;
+    UnresolvedReference as `load_reference` raises it."""
+    return _import_file(target) if target.endswith(".py") else _import_module(target)
 
 
 def _import_module(dotted: str) -> ModuleType:

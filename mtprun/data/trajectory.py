@@ -141,7 +141,7 @@ def expert_rollout(
     """
     env = make_environment(environment or task.environment)
     (conversation,) = reset_all([env], [prompt])
-    tools = episode_tools(env, prompt)
+    tools = episode_tools(env, prompt, prints_tools=renderer.chat_format is None)
     builder = TrajectoryBuilder(
         renderer.render(conversation, add_generation_prompt=True, tools=tools)
     )

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtprun.models.expert_shape import ExpertShape, glm4_moe_experts, qwen3_moe_experts
+from mtprun.models.qwen3_5_shape import (
+    LinearAttentionShape,
+    qwen3_5_layer_types,
+    qwen3_5_linear_attention,
+)
 
 # The Qwen2-style decoder trunk (embedding, layers, final norm, output layer): every family's.
 DECODER = "mtprun.models.decoder"
@@ -40,12 +45,29 @@ class Family:
     # Its MTP layers' input: [embedding, hidden] (DeepSeek-V3, GLM-4.5) or [hidden, embedding]
     # (MiMo).
     mtp_embedding_first: bool = False
+    # Its vLLM drafter zeroes the next token's embedding at position 0 (MiMo, DeepSeek-V3,
+    # GLM-4.5); Qwen3.5's does not.
+    mtp_zero_first_embedding: bool = True
+    # Its vLLM drafter reads the trunk's final-normed hidden state (and, chained, its own
+    # normed output) rather than the pre-norm one: GLM-4.5 (vLLM's Glm4MoeModel returns the
+    # normed state, as megatron-core's MTP block takes it) and Qwen3.5; MiMo's reads pre-norm.
+    mtp_normed_hidden: bool = False
     # Checkpoint tensors it leaves out of conversion: (HF name, num_hidden_layers) -> bool;
     # e.g. an MTP layer not trained yet. None: every tensor must convert.
     unconverted: Callable[[str, int], bool] | None = None
     # Its mixture-of-experts MLP as a config.json declares it; None: a dense model.
     experts: Callable[[Mapping[str, Any]], ExpertShape] | None = None
     converters: tuple[str, ...] = (DECODER,)  # modules with to_megatron / to_hf, in order
+    # A hybrid model's token mixer per layer (`mtprun.models.qwen3_5_shape`) and its linear
+    # attention sizes; None: every layer is softmax attention.
+    layer_types: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
+    linear_attention: Callable[[Mapping[str, Any]], LinearAttentionShape] | None = None
+    output_gate: bool = False  # attention output * sigmoid(gate), the gate from q_proj
+    zero_centered_norm: bool = False  # RMSNorm weights w applied as (1 + w)
+    # Its config.json keeps the text model's fields under `text_config` (a vision-language
+    # checkpoint whose text model mtprun trains).
+    text_config: bool = False
+    mtp_layers_key: str = "num_nextn_predict_layers"  # config.json's MTP layer count
     tiny: str | None = None  # its `model.tiny.architecture` name; None: no tiny builder
     tiny_config: str = "Qwen2Config"  # the transformers config class its tiny builder uses
 
@@ -71,6 +93,31 @@ def _mtp_copy(name: str, layers: int) -> bool:
     match = _MTP_COPY.match(name)
     return match is not None and int(match.group(1)) >= layers
 
+
+def _qwen3_5_unconverted(name: str, layers: int) -> bool:
+    """A Qwen3.5 checkpoint's vision tower (carried through to the export as it is)."""
+    return name.startswith("model.visual.")
+
+
+# Qwen3.5: Gated DeltaNet and gated attention layers in `layer_types` order, q/k norms,
+# zero-centred RMSNorms, partial RoPE; as a text model or the text part of the
+# vision-language checkpoint (`model.language_model.`); its MTP layer (`mtp.`, a gated
+# attention layer after [embedding, hidden]) as vLLM's `qwen3_5_mtp` drafter.
+_QWEN3_5 = {
+    "mtp": True,
+    "mtp_embedding_first": True,
+    "mtp_zero_first_embedding": False,
+    "mtp_normed_hidden": True,
+    "qkv_bias": _attention_bias,
+    "qk_norm": _always,
+    "converters": ("mtprun.models.qwen3_5",),
+    "unconverted": _qwen3_5_unconverted,
+    "layer_types": qwen3_5_layer_types,
+    "linear_attention": qwen3_5_linear_attention,
+    "output_gate": True,
+    "zero_centered_norm": True,
+    "mtp_layers_key": "mtp_num_hidden_layers",
+}
 
 FAMILIES: tuple[Family, ...] = (
     Family("Qwen2ForCausalLM", "Qwen2ForCausalLM", qkv_bias=_always, tiny="qwen2"),
@@ -114,11 +161,25 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_use_qk_norm,
         mtp=True,
         mtp_embedding_first=True,
+        mtp_normed_hidden=True,
         experts=glm4_moe_experts,
         converters=(DECODER, "mtprun.models.moe", "mtprun.models.glm_mtp"),
         unconverted=_mtp_copy,
         tiny="glm4_moe",
         tiny_config="Glm4MoeConfig",
+    ),
+    Family(
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5ForCausalLM",
+        tiny="qwen3_5",
+        tiny_config="Qwen3_5TextConfig",
+        **_QWEN3_5,
+    ),
+    Family(
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration",
+        text_config=True,
+        **_QWEN3_5,
     ),
 )
 

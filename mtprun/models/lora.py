@@ -21,12 +21,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from mtprun.models.decoder import fuse_qkv
+from mtprun.models.peft_adapter import (
+    ADAPTER_WEIGHTS,
+    adapter_problem,
+    module_features,
+    peft_tensor_name,
+)
 from mtprun.models.shape import ModelShape
-from mtprun.spec.model import LORA_TARGETS
+from mtprun.spec.model import LORA_TARGETS, LoRASection
 
 LORA = ".lora."  # the infix of every adapter tensor's name
 
@@ -37,10 +45,6 @@ LAYERS = {
     "fc1": "mlp.linear_fc1",
     "fc2": "mlp.linear_fc2",
 }
-# HF module -> its parent in an HF decoder layer.
-_HF_PARENT = {
-    m: "self_attn" if t in ("qkv", "proj") else "mlp" for t in LAYERS for m in LORA_TARGETS[t]
-}
 
 
 def is_adapter(name: str) -> bool:
@@ -49,21 +53,7 @@ def is_adapter(name: str) -> bool:
 
 def features(shape: ModelShape, module: str) -> tuple[int, int]:
     """(in, out) features of HF module `module` of the full (tp=1) model."""
-    h, q, kv, f = (
-        shape.hidden,
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-        (shape.intermediate),
-    )
-    return {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, f),
-        "up_proj": (h, f),
-        "down_proj": (f, h),
-    }[module]
+    return module_features(shape)[module]
 
 
 def adapter_name(layer: int, target: str, module: str, matrix: str) -> str:
@@ -125,6 +115,25 @@ def peft_name(name: str) -> str:
     (`adapter_model.safetensors`; a live peft model adds the adapter's name, `.default`,
     before `.weight`)."""
     head, rest = name.split(LORA)
-    layer = head.split(".")[2]
     module, matrix = rest.split(".")
-    return f"base_model.model.model.layers.{layer}.{_HF_PARENT[module]}.{module}.{matrix}.weight"
+    return peft_tensor_name(int(head.split(".")[2]), module, matrix.removeprefix("lora_"))
+
+
+def load_peft_adapters(
+    folder: str | Path, lora: LoRASection, shape: ModelShape
+) -> dict[str, torch.Tensor]:
+    """The adapters of PEFT adapter folder `folder` (`model.lora.path`) under their Megatron
+    names (whole-model layer indices), float32, as `init_adapters` gives fresh ones; a
+    ValueError at model.lora.path when the folder does not fit `lora` and the model."""
+    problem = adapter_problem(folder, lora, shape)
+    if problem is not None:
+        raise ValueError(f"model.lora.path: {problem}")
+    tensors = load_file(str(Path(folder) / ADAPTER_WEIGHTS))
+    names = (
+        adapter_name(i, target, module, matrix)
+        for i in range(shape.layers)
+        for target in lora.layers
+        for module in LORA_TARGETS[target]
+        for matrix in "AB"
+    )
+    return {name: tensors[peft_name(name)].float() for name in names}

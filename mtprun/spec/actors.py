@@ -1,9 +1,10 @@
 """What a run's Ray actors ask of the cluster.
 
 The trainer ranks (tp*pp*cp*dp of them) live for the whole run; an RL run's rollout engines
-(`rollout.num_engines`) live beside them. Each actor reserves `resources.cpus_per_actor` CPUs
-and `resources.gpus_per_actor` GPUs, so the cluster must hold the sum at once: an actor that
-Ray cannot place waits forever, and the run with it.
+(`rollout.num_engines`) live beside them, and so does each reward model the run serves
+(`task.reward: {model, kind}`, or an entry of task.rewards). Each actor reserves
+`resources.cpus_per_actor` CPUs and `resources.gpus_per_actor` GPUs, so the cluster must hold
+the sum at once: an actor that Ray cannot place waits forever, and the run with it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mtprun.spec.document import KeyPath
+from mtprun.spec.rewards import ServedReward
 from mtprun.spec.sections import RecipeSections
 
 Resource = Literal["CPU", "GPU"]
@@ -23,24 +26,34 @@ _SLACK = 1e-9  # fractional shares (0.1 x 10) must not fail on rounding
 
 @dataclass(frozen=True)
 class ActorDemand:
-    """The run's actors (trainer ranks, rollout engines) and what each one reserves."""
+    """The run's actors (trainer ranks, rollout engines, served reward models) and what each
+    one reserves."""
 
     trainer_ranks: int
     engines: int
     cpus_per_actor: float
     gpus_per_actor: float
+    reward_models: int = 0
 
     @classmethod
     def of(cls, recipe: RecipeSections) -> ActorDemand:
         res = recipe.resources
         engines = recipe.rollout.num_engines if recipe.is_rl else 0
-        return cls(recipe.parallel.world_size, engines, res.cpus_per_actor, res.gpus_per_actor)
+        reward_models = len(served_rewards(recipe)) if recipe.is_rl else 0
+        return cls(
+            recipe.parallel.world_size,
+            engines,
+            res.cpus_per_actor,
+            res.gpus_per_actor,
+            reward_models,
+        )
 
     def per_actor(self, resource: Resource) -> float:
         return self.cpus_per_actor if resource == "CPU" else self.gpus_per_actor
 
     def need(self, resource: Resource) -> float:
-        return (self.trainer_ranks + self.engines) * self.per_actor(resource)
+        actors = self.trainer_ranks + self.engines + self.reward_models
+        return actors * self.per_actor(resource)
 
     def short_of(self, have: dict[str, float]) -> list[Resource]:
         """The resources of which `have` (Ray's resource totals) holds less than the actors
@@ -54,6 +67,7 @@ class ActorDemand:
         groups = [
             (self.trainer_ranks, "trainer rank", "tp*pp*cp*dp", "parallel.dp/tp/pp/cp"),
             (self.engines, "rollout engine", "rollout.num_engines", "rollout.num_engines"),
+            (self.reward_models, "served reward model", "task.reward(s)", "the served models"),
         ]
         actors = " + ".join(f"{_plural(n, noun)} ({why})" for n, noun, why, _ in groups if n)
         fewer = " or ".join(knob for n, _, _, knob in groups if n)
@@ -69,6 +83,20 @@ class ActorDemand:
             f"{actors} at {field} {self.per_actor(resource):g} each, and {where} has "
             f"{_amount(have)}: {remedy}"
         )
+
+
+def served_rewards(recipe: RecipeSections) -> list[tuple[KeyPath, ServedReward]]:
+    """The reward models the run serves, each with where the recipe sets it."""
+    task = recipe.task
+    if task is None:
+        return []
+    found: list[tuple[KeyPath, ServedReward]] = []
+    if isinstance(task.reward, ServedReward):
+        found.append((("task", "reward"), task.reward))
+    for i, term in enumerate(task.rewards or ()):
+        if isinstance(term, ServedReward):
+            found.append((("task", "rewards", i), term))
+    return found
 
 
 def _plural(n: int, noun: str) -> str:

@@ -8,13 +8,15 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mtprun.spec.base import Section
-from mtprun.spec.rewards import EndpointReward, RewardSpec, RewardTerm
+from mtprun.spec.rewards import EndpointReward, RewardSpec, RewardTerm, ServedReward
 
 Template = Literal["char", "chatml", "glm"]
 DATA_FILE_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv")
 """Files a dataset path may name (or a folder may hold); see mtprun/data/datasets.py."""
 REASONING_GYM_REWARD = "reasoning_gym"
 """The built-in reward that scores a reasoning-gym prompt with its dataset's score_answer."""
+VERIFIERS_ENVIRONMENT = "verifiers:"
+"""A task.environment naming a verifiers taskset starts so (see data/tasks/verifiers_env.py)."""
 
 
 class ColumnMap(Section):
@@ -216,7 +218,9 @@ class TaskSection(Section):
         "function: `package.module:function` or `path/to/file.py:function` (relative to the "
         "recipe file); it takes any of prompt, completion, messages, answer and returns a "
         "float or a mapping of named components with a `total`. Or an LLM judge behind an "
-        "OpenAI-compatible endpoint: {url, model, prompt: <template file>, parse: <regex>}. "
+        "OpenAI-compatible endpoint: {url, model, prompt: <template file>, parse: <regex>}, or "
+        "a reward model the run serves: {model: <HF folder>, kind: classifier} or {model, "
+        "kind: judge, prompt, parse}. "
         "It scores the episodes the environment gives no reward. null: reasoning-gym prompts "
         "are scored by their dataset (reasoning_gym); otherwise only with task.rewards or a "
         "task.environment that rewards every episode (one it leaves unrewarded counts in "
@@ -226,8 +230,9 @@ class TaskSection(Section):
         None,
         min_length=1,
         description="Several rewards combined by weight, in place of `reward`: each "
-        "{reward: <name or function>, weight, name} or an endpoint judge {url, model, prompt, "
-        "parse, ..., weight, name}; the episode's reward is the weighted sum, each one logged "
+        "{reward: <name or function>, weight, name}, an endpoint judge {url, model, prompt, "
+        "parse, ..., weight, name} or a served reward model {model, kind, ..., weight, name}; "
+        "the episode's reward is the weighted sum, each one logged "
         "as reward/<name>. A failed one scores reward_on_error in the sum (the episode counts "
         "in reward/errors).",
     )
@@ -256,6 +261,10 @@ class TaskSection(Section):
         description="The environment of multi-turn episodes: a class named `package.module:Class` "
         "or `path/to/file.py:Class` (relative to the recipe file that sets it), with "
         "reset(prompt) -> messages and step(messages) -> EnvStep (mtprun.data.environment). "
+        "Or `verifiers:<module>` / `verifiers:path/to/file.py`: a verifiers (>= 0.4) taskset, "
+        "whose tasks are the prompts (no task.name / prompts) and whose @vf.reward functions "
+        "score every episode, weighted (no task.reward / rewards); its tools answer the "
+        "model's calls between turns. "
         "null: the task's own (calculator_tool runs its calculator; other tasks end after one "
         "turn).",
     )
@@ -275,8 +284,25 @@ class TaskSection(Section):
     _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
     _renderer = field_validator("renderer")(check_renderer)
 
+    @field_validator("environment")
+    @classmethod
+    def _verifiers_target(cls, value: str | None) -> str | None:
+        if value is not None and value.startswith(VERIFIERS_ENVIRONMENT):
+            target = value.removeprefix(VERIFIERS_ENVIRONMENT)
+            if not target.strip() or ":" in target:
+                raise ValueError(
+                    f"{value!r}: write verifiers:<module> (an importable taskset module or "
+                    "package) or verifiers:path/to/file.py (relative to the recipe)"
+                )
+        return value
+
     @property
-    def effective_reward(self) -> str | EndpointReward | None:
+    def verifiers_environment(self) -> bool:
+        """Whether task.environment names a verifiers taskset (`verifiers:<module>`)."""
+        return (self.environment or "").startswith(VERIFIERS_ENVIRONMENT)
+
+    @property
+    def effective_reward(self) -> str | EndpointReward | ServedReward | None:
         """The one reward that scores episodes: task.reward, or for reasoning-gym prompts
         their dataset's scorer; None with task.rewards (or an environment's rewards only)."""
         if (

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import TypeAdapter, ValidationError
 
 from mtprun.losses import RecipeTerm
+from mtprun.spec.data import VERIFIERS_ENVIRONMENT
 from mtprun.spec.diagnose import validation_diagnostics
 from mtprun.spec.document import Document, KeyPath
 from mtprun.spec.errors import Diagnostic
@@ -124,6 +125,7 @@ def _valid_term(item: Any) -> RecipeTerm | None:
 # same, or a mapping whose `path` is one.
 _FILE_FIELDS: tuple[tuple[KeyPath, str], ...] = (
     (("model", "path"), "file"),
+    (("model", "lora", "path"), "file"),
     (("data", "source"), "dataset"),
     (("task", "name"), "source"),
     (("task", "prompts"), "dataset"),
@@ -139,10 +141,13 @@ _REFERENCE_FIELDS: tuple[KeyPath, ...] = (("task", "environment"), ("task", "rew
 
 def _resolve_relative_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
     _resolve_file_paths(doc, builtin_tasks)
+    _resolve_verifiers_file(doc)
     references = list(_REFERENCE_FIELDS)
     rewards = doc.get(("task", "rewards"))
     if isinstance(rewards, list):
         references += [("task", "rewards", i, "reward") for i in range(len(rewards))]
+    # A judge's `parse` may name a function (a regular expression has no `.py:`).
+    references += [(*where, "parse") for where in _reward_mappings(doc)]
     for path in references:
         value = doc.get(path)
         if not isinstance(value, str) or ".py:" not in value:
@@ -151,17 +156,25 @@ def _resolve_relative_paths(doc: Document, builtin_tasks: Collection[str]) -> No
         _set_relative(doc, path, file, suffix=f":{name}")
 
 
+def _resolve_verifiers_file(doc: Document) -> None:
+    """`task.environment: verifiers:path/to/file.py`: the file relative to the recipe."""
+    value = doc.get(("task", "environment"))
+    if isinstance(value, str) and value.startswith(VERIFIERS_ENVIRONMENT) and value.endswith(".py"):
+        file = value.removeprefix(VERIFIERS_ENVIRONMENT)
+        _set_relative(doc, ("task", "environment"), file, prefix=VERIFIERS_ENVIRONMENT)
+
+
 def _resolve_file_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
     fields = list(_FILE_FIELDS)
     losses = doc.get(("losses",))
     if isinstance(losses, list):
         fields += [(("losses", i, "teacher"), "file") for i in range(len(losses))]
-    # An endpoint judge's prompt template, in task.reward or an entry of task.rewards.
-    if isinstance(doc.get(("task", "reward")), dict):
-        fields.append((("task", "reward", "prompt"), "file"))
-    rewards = doc.get(("task", "rewards"))
-    if isinstance(rewards, list):
-        fields += [(("task", "rewards", i, "prompt"), "file") for i in range(len(rewards))]
+    # A judge's prompt template, in task.reward or an entry of task.rewards, and a served
+    # reward model's folder (an endpoint's `model` is a name: it has no `kind`).
+    for where in _reward_mappings(doc):
+        fields.append(((*where, "prompt"), "file"))
+        if "kind" in doc.get(where):
+            fields.append(((*where, "model"), "file"))
     for path, kind in fields:
         value = doc.get(path)
         if isinstance(value, dict) and kind == "dataset":
@@ -170,15 +183,26 @@ def _resolve_file_paths(doc: Document, builtin_tasks: Collection[str]) -> None:
             _set_relative(doc, path, value)
 
 
-def _set_relative(doc: Document, path: KeyPath, value: str, suffix: str = "") -> None:
-    """Replace the value at `path` by `value` (+ `suffix`) made absolute against the file
-    that wrote it; command-line paths are relative to the working directory already."""
+def _reward_mappings(doc: Document) -> list[KeyPath]:
+    """Where task.reward and task.rewards hold a mapping (a judge or a served model)."""
+    rewards = doc.get(("task", "rewards"))
+    places: list[KeyPath] = [("task", "reward")]
+    if isinstance(rewards, list):
+        places += [("task", "rewards", i) for i in range(len(rewards))]
+    return [where for where in places if isinstance(doc.get(where), dict)]
+
+
+def _set_relative(
+    doc: Document, path: KeyPath, value: str, suffix: str = "", prefix: str = ""
+) -> None:
+    """Replace the value at `path` by (`prefix` +) `value` (+ `suffix`) made absolute against
+    the file that wrote it; command-line paths are relative to the working directory already."""
     file = doc.position(path).file
     if os.path.isabs(value) or file.startswith("<override"):
         return
     parent = doc.get(path[:-1])
     absolute = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(file)), value))
-    parent[path[-1]] = absolute + suffix
+    parent[path[-1]] = prefix + absolute + suffix
 
 
 def _file_order(doc: Document) -> Callable[[str], tuple[int, str]]:

@@ -19,7 +19,7 @@ VOCAB_MULTIPLE = 128
 
 
 MOE_ARCHITECTURES = ("qwen3_moe", "glm4_moe")  # the tiny architectures with experts
-MTP_ARCHITECTURES = ("mimo", "glm4_moe")  # the tiny architectures with MTP layers
+MTP_ARCHITECTURES = ("mimo", "glm4_moe", "qwen3_5")  # the tiny architectures with MTP layers
 
 
 class TinyExperts(Section):
@@ -33,14 +33,15 @@ class TinyExperts(Section):
 class TinyModel(Section):
     """A small random-init model built locally (no hub download)."""
 
-    architecture: Literal["qwen2", "qwen3", "qwen3_moe", "glm4_moe", "mimo"] = Field(
+    architecture: Literal["qwen2", "qwen3", "qwen3_moe", "glm4_moe", "mimo", "qwen3_5"] = Field(
         "qwen2",
         description="qwen2: a Qwen2 decoder; qwen3: a Qwen3 decoder (per-head q/k norms, no "
         "q/k/v biases); qwen3_moe: Qwen3 attention with a mixture-of-experts MLP (`experts`); "
         "glm4_moe: GLM-4.5 (a dense first layer, then a sigmoid router over `experts` plus a "
         "shared expert, RoPE on half of each head); "
         "mimo: Qwen2 plus MiMo-style MTP layers (needed for MTP losses and MTP speculative "
-        "decoding).",
+        "decoding); qwen3_5: Qwen3.5's hybrid of Gated DeltaNet layers and, every 4th layer, "
+        "gated attention (GDN key heads = kv_heads, value heads = heads, each 64 wide).",
     )
     hidden: int = Field(128, ge=1, description="Hidden size.")
     layers: int = Field(2, ge=1, description="Number of decoder layers.")
@@ -59,7 +60,10 @@ class TinyModel(Section):
         f"of {VOCAB_MULTIPLE} (so every usual tensor-parallel size divides it).",
     )
     mtp_layers: int = Field(
-        0, ge=0, description="Multi-token-prediction layers (architecture mimo or glm4_moe)."
+        0,
+        ge=0,
+        description="Multi-token-prediction layers (architecture mimo, glm4_moe or qwen3_5; "
+        "qwen3_5 takes at most 1).",
     )
     tie_embeddings: bool = Field(False, description="Share the input embedding and output layer.")
     max_seq_len: int = Field(512, ge=1, description="Maximum sequence length (positions).")
@@ -123,14 +127,21 @@ class LoRASection(Section):
     )
     path: str | None = Field(
         None,
-        description="A PEFT adapter folder to start from (adapter_config.json, "
-        "adapter_model.safetensors); not supported yet.",
+        description="A PEFT LoRA adapter folder to start from (adapter_config.json, "
+        "adapter_model.safetensors; a LoRA run's `mtprun export`), relative to the recipe file "
+        "that sets it; its rank, alpha and target modules must be this section's, its tensors "
+        "the model's shapes. Null: fresh adapters (B = 0, the base model's outputs).",
     )
+
+    @property
+    def lora_alpha(self) -> float:
+        """alpha, or 2 x rank when it is null (peft's lora_alpha)."""
+        return self.alpha if self.alpha is not None else 2.0 * self.rank
 
     @property
     def scaling(self) -> float:
         """alpha / rank, peft's scaling of the adapters' output."""
-        return (self.alpha if self.alpha is not None else 2.0 * self.rank) / self.rank
+        return self.lora_alpha / self.rank
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -159,7 +170,8 @@ class ModelSection(Section):
     lora: LoRASection | None = Field(
         None,
         description="Train low-rank adapters (LoRA) on the frozen policy instead of every "
-        "weight; rollouts and exports get the merged weights.",
+        "weight; rollouts get the merged weights, checkpoints and exports a PEFT adapter "
+        "folder (`mtprun export --merge`: the merged HF folder).",
     )
 
     @model_validator(mode="after")

@@ -2,17 +2,18 @@
 weight).
 
 A reward is a built-in's name or a Python function (`package.module:function`,
-`path/to/file.py:function`), or an LLM judge behind an OpenAI-compatible endpoint
-(`{url, model, prompt, parse}`). Each entry of `task.rewards` is one of those with a `weight`
-and a `name` (its metric: `reward/<name>`).
+`path/to/file.py:function`), an LLM judge behind an OpenAI-compatible endpoint
+(`{url, model, prompt, parse}`), or a model the run serves itself on a vLLM engine of its own
+(`{model: <HF folder>, kind: classifier | judge}`). Each entry of `task.rewards` is one of
+those with a `weight` and a `name` (its metric: `reward/<name>`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from mtprun.spec.base import Section
 
@@ -20,6 +21,36 @@ RESERVED_REWARD_NAMES = ("mean", "std", "errors", "total")
 """`reward/<name>` metrics mtprun logs itself (and the combined reward's `total`)."""
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 DEFAULT_PARSE = r"(-?\d+(?:\.\d+)?)"
+PARSE_FUNCTION = re.compile(
+    r"[^\s:]+\.py:[A-Za-z_]\w*|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+:[A-Za-z_]\w*"
+)
+"""A `parse` value naming a function (`package.module:function`, `path/to/file.py:function`)
+rather than a regular expression."""
+PARSE_DESCRIPTION = (
+    "How the judge's reply becomes the score: a regular expression whose first match gives it "
+    "(its first group, or the whole match without groups, read as a number), or a function "
+    "`package.module:function` / `path/to/file.py:function` taking the reply (str) and "
+    "returning a float. A reply without a match, or one the function raises on, counts in "
+    "reward/errors."
+)
+
+
+def is_parse_function(parse: str) -> bool:
+    """Whether `parse` names a function rather than being a regular expression."""
+    return PARSE_FUNCTION.fullmatch(parse) is not None
+
+
+def _check_parse(value: str) -> str:
+    if is_parse_function(value):
+        return value
+    try:
+        re.compile(value)
+    except re.error as err:
+        raise ValueError(
+            f"parse {value!r} is not a regular expression ({err}) nor a function reference "
+            "(`package.module:function` or `path/to/file.py:function`)"
+        ) from None
+    return value
 
 
 class EndpointReward(Section):
@@ -39,12 +70,7 @@ class EndpointReward(Section):
         "without one), {reasoning} and {prompt[<column>]} (a column of the prompt's record); "
         "write {{ and }} for literal braces.",
     )
-    parse: str = Field(
-        DEFAULT_PARSE,
-        description="A regular expression whose first match in the judge's reply gives the "
-        "score: its first group (or the whole match without groups), read as a number. A reply "
-        "without a match counts in reward/errors.",
-    )
+    parse: str = Field(DEFAULT_PARSE, description=PARSE_DESCRIPTION)
     concurrency: int = Field(8, ge=1, description="Requests in flight at once, at most.")
     retries: int = Field(
         2,
@@ -67,35 +93,88 @@ class EndpointReward(Section):
             raise ValueError(f"url {value!r} is not an http:// or https:// URL")
         return value
 
-    @field_validator("parse")
-    @classmethod
-    def _regex(cls, value: str) -> str:
-        try:
-            re.compile(value)
-        except re.error as err:
-            raise ValueError(f"parse {value!r} is not a regular expression: {err}") from None
-        return value
+    _parse = field_validator("parse")(_check_parse)
+
+
+ServedKind = Literal["classifier", "judge"]
+
+
+class ServedReward(Section):
+    """A reward model the run serves on a vLLM engine of its own (a Ray actor beside the
+    rollout engines): a sequence classifier scoring each episode, or a generative judge."""
+
+    model: str = Field(
+        ...,
+        description="An HF model folder (relative to the recipe file that sets it). classifier: "
+        "a `*ForSequenceClassification` checkpoint; judge: a causal LM with a chat template.",
+    )
+    kind: ServedKind = Field(
+        ...,
+        description="classifier: the episode's conversation, rendered with the model's own "
+        "chat template, scored by its classification head (one label: that logit; several: "
+        "the logit of `score_label`). judge: the model writes a reply to `prompt`, and "
+        "`parse` reads the score out of it.",
+    )
+    score_label: int | None = Field(
+        None,
+        ge=0,
+        description="classifier with several labels (num_labels > 1): the label whose raw "
+        "logit is the score; null: the model must have one label.",
+    )
+    prompt: str | None = Field(
+        None,
+        description="judge: a text file (relative to the recipe file that sets it), the "
+        "judge's user message, with the fields of an endpoint judge's template: {question}, "
+        "{completion}, {answer}, {reasoning}, {prompt[<column>]}.",
+    )
+    parse: str = Field(DEFAULT_PARSE, description="judge: " + PARSE_DESCRIPTION)
+    temperature: float = Field(0.0, ge=0, description="judge: sampling temperature.")
+    max_tokens: int = Field(256, ge=1, description="judge: tokens the judge may write.")
+
+    _parse = field_validator("parse")(_check_parse)
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> ServedReward:
+        if self.kind == "judge":
+            if self.prompt is None:
+                raise ValueError("a judge (kind: judge) needs `prompt: <template file>`")
+            if self.score_label is not None:
+                raise ValueError("score_label is a classifier's field (kind: classifier)")
+        else:
+            judge_only = {"prompt", "parse", "temperature", "max_tokens"} & self.model_fields_set
+            if judge_only:
+                raise ValueError(
+                    f"{', '.join(sorted(judge_only))}: a judge's field(s); a classifier "
+                    "(kind: classifier) scores with its classification head"
+                )
+        return self
 
 
 def _reward_shape(value: Any) -> str:
-    # A mapping is an endpoint judge; anything else must be a reward's name or reference.
-    return "endpoint" if isinstance(value, dict) else "named"
+    # A mapping with `kind` is a served reward model, another mapping an endpoint judge;
+    # anything else must be a reward's name or reference.
+    if isinstance(value, dict):
+        return "served" if "kind" in value else "endpoint"
+    return "named"
 
 
 RewardSpec = Annotated[
-    Annotated[str, Tag("named")] | Annotated[EndpointReward, Tag("endpoint")],
+    Annotated[str, Tag("named")]
+    | Annotated[EndpointReward, Tag("endpoint")]
+    | Annotated[ServedReward, Tag("served")],
     Discriminator(_reward_shape),
 ]
-"""One reward: a built-in's name, `package.module:function`, `path/to/file.py:function`, or
-an endpoint judge {url, model, prompt, parse, ...}."""
+"""One reward: a built-in's name, `package.module:function`, `path/to/file.py:function`, an
+endpoint judge {url, model, prompt, parse, ...}, or a served reward model {model, kind, ...}."""
 
 
 class _Weighted(Section):
     weight: float = Field(1.0, description="Its weight in the episode's reward (the weighted sum).")
     name: str | None = Field(
         None,
-        description="Its metric, `reward/<name>` (null: the function's name, or `judge` for an "
-        "endpoint); names are unique within task.rewards.",
+        description="Its metric, `reward/<name>` (null: the function's name, `judge` for an "
+        "endpoint or a served judge, `reward_model` for a classifier); names are unique within "
+        "task.rewards.",
     )
 
     @field_validator("name")
@@ -142,13 +221,32 @@ class EndpointRewardTerm(EndpointReward, _Weighted):
         return EndpointReward(**self.model_dump(exclude={"weight", "name"}))
 
 
+class ServedRewardTerm(ServedReward, _Weighted):
+    """A served reward model of task.rewards, weighted."""
+
+    @property
+    def label(self) -> str:
+        return self.name or ("reward_model" if self.kind == "classifier" else "judge")
+
+    @property
+    def spec(self) -> ServedReward:
+        return ServedReward(
+            **self.model_dump(exclude={"weight", "name"}, exclude_unset=True),
+        )
+
+
 def _term_shape(value: Any) -> str:
+    if isinstance(value, dict) and "kind" in value:
+        return "served"
     return "endpoint" if isinstance(value, dict) and "url" in value else "function"
 
 
 RewardTerm = Annotated[
-    Annotated[FunctionRewardTerm, Tag("function")] | Annotated[EndpointRewardTerm, Tag("endpoint")],
+    Annotated[FunctionRewardTerm, Tag("function")]
+    | Annotated[EndpointRewardTerm, Tag("endpoint")]
+    | Annotated[ServedRewardTerm, Tag("served")],
     Discriminator(_term_shape),
 ]
-"""One entry of task.rewards: {reward: <name or reference>, weight, name} or an endpoint
-judge {url, model, prompt, parse, ..., weight, name}."""
+"""One entry of task.rewards: {reward: <name or reference>, weight, name}, an endpoint judge
+{url, model, prompt, parse, ..., weight, name} or a served reward model {model, kind, ...,
+weight, name}."""

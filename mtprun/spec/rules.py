@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from mtprun.losses import is_trunk_term
 from mtprun.spec.actors import ActorDemand
-from mtprun.spec.data import DATA_FILE_SUFFIXES, DatasetSpec
+from mtprun.spec.data import DATA_FILE_SUFFIXES, DatasetSpec, TaskSection
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity
 from mtprun.spec.model import MOE_ARCHITECTURES, MTP_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
@@ -356,6 +356,9 @@ def _task_prompts_and_reward(r: RecipeSections) -> Iterator[Issue]:
     task = r.task
     if task is None:
         return
+    if task.verifiers_environment:
+        yield from _verifiers_task(task)
+        return
     if (task.name is None) == (task.prompts is None):
         yield Issue(
             ("task",),
@@ -383,6 +386,25 @@ def _task_prompts_and_reward(r: RecipeSections) -> Iterator[Issue]:
                 "`name:` (its metric is reward/<name>)",
             )
         seen.add(term.label)
+
+
+def _verifiers_task(task: TaskSection) -> Iterator[Issue]:
+    """A verifiers taskset (task.environment: verifiers:...) gives the prompts and the
+    rewards: a recipe that also names its own would have them silently unused."""
+    owner = f"task.environment {task.environment}"
+    for key in ("name", "prompts"):
+        if getattr(task, key) is not None:
+            yield Issue(
+                ("task", key),
+                f"{owner} gives the prompts (its taskset's tasks): remove task.{key}",
+            )
+    for key in ("reward", "rewards"):
+        if getattr(task, key) is not None:
+            yield Issue(
+                ("task", key),
+                f"{owner} scores every episode with its tasks' @vf.reward functions: remove "
+                f"task.{key} (or add it to the taskset as a @vf.reward)",
+            )
 
 
 @rule("task")
@@ -417,14 +439,18 @@ def _eval_has_prompts(r: RecipeSections) -> Iterator[Issue]:
         )
 
 
-@rule("model")
-def _lora_path_not_yet(r: RecipeSections) -> Iterator[Issue]:
+# vLLM 0.32's largest max_lora_rank (`vllm.config.lora.MaxLoRARanks`; a test holds them equal).
+VLLM_MAX_LORA_RANK = 512
+
+
+@rule("model", "task")
+def _lora_rank_served(r: RecipeSections) -> Iterator[Issue]:
     lora = r.model.lora
-    if lora is not None and lora.path is not None:
+    if lora is not None and r.task is not None and lora.rank > VLLM_MAX_LORA_RANK:
         yield Issue(
-            ("model", "lora", "path"),
-            "resuming from a PEFT adapter folder is not supported yet (issue 25): remove "
-            "model.lora.path to start from fresh adapters (B = 0: the base model's outputs)",
+            ("model", "lora", "rank"),
+            f"the rollout engines serve the adapters with vLLM, which takes ranks up to "
+            f"{VLLM_MAX_LORA_RANK} (max_lora_rank), not {lora.rank}: lower model.lora.rank",
         )
 
 

@@ -42,9 +42,9 @@ ORDERS = {
         ["resume", "--ray-address", "h:1", "runs/x"],
     ],
     "export": [
-        ["export", "runs/x", "--step", "4", "--out", "o"],
-        ["export", "--step", "4", "runs/x", "--out", "o"],
-        ["export", "--out", "o", "--step", "4", "runs/x"],
+        ["export", "runs/x", "--step", "4", "--out", "o", "--merge"],
+        ["export", "--step", "4", "runs/x", "--merge", "--out", "o"],
+        ["export", "--merge", "--out", "o", "--step", "4", "runs/x"],
     ],
     "eval": [
         ["eval", "runs/x", "--step", "4", "--ray-address", "h:1"],

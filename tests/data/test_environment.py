@@ -146,8 +146,8 @@ class WrongTimes:
 def test_the_example_environment_halves_the_reward_per_retry(
     renderer: Renderer, tmp_path, wrong: int, reward: float
 ) -> None:
-    from mtprun.data.environment import load_environment_class
     from mtprun.data.prompts import PromptDataset
+    from mtprun.data.tasks import load_environment_class
     from mtprun.spec.data import ColumnMap, DatasetSpec
 
     examples = Path(__file__).parents[2] / "recipes" / "examples"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mtprun.compiler import compile_recipe
@@ -86,7 +86,16 @@ def glm_mtp_dir(tmp_path_factory, tokenizer):
     spec = TinyModel(
         architecture="glm4_moe", mtp_layers=1, experts=TinyExperts(intermediate=32), **TINY
     )
-    return build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("glm_mtp"), seed=2)
+    folder = build_tiny_model(spec, tokenizer, tmp_path_factory.mktemp("glm_mtp"), seed=2)
+    # A final norm other than ones: the MTP layer must read the trunk's normed hidden state
+    # (an RMSNorm of weight ones would not tell it from the pre-norm one).
+    weights = load_file(folder / "model.safetensors")
+    norm = weights["model.norm.weight"]
+    weights["model.norm.weight"] = 1 + 0.5 * torch.randn(
+        norm.shape, generator=torch.Generator().manual_seed(5)
+    )
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
 
 
 def _glm_mtp_reference(folder, ids):
@@ -116,7 +125,9 @@ def _glm_mtp_reference(folder, ids):
         hf(ids[None])
         emb = hf.model.embed_tokens(torch.roll(ids, -1)[None])
         emb = emb.masked_fill((positions == 0)[..., None], 0.0)
-        joint = torch.cat([norms["enorm"](emb), norms["hnorm"](captured["h"])], -1)
+        # vLLM's drafter gets the trunk's output: its final-normed hidden state.
+        trunk = hf.model.norm(captured["h"])
+        joint = torch.cat([norms["enorm"](emb), norms["hnorm"](trunk)], -1)
         x = joint @ mtp[prefix + "eh_proj.weight"].T
         rope = hf.model.rotary_emb(x, positions)
         out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=rope)

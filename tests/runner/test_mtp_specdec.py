@@ -1,7 +1,9 @@
-"""recipes/mtp-specdec.yaml (MiMo) and recipes/examples/glm4-moe-mtp-specdec.yaml (GLM-4.5:
-a sparse MTP layer, vLLM's glm4_moe_mtp drafter) end to end: the rollout engine drafts with
-the policy's MTP head, the decoupled `mtp` term trains that head on the rollouts, and the
-draft acceptance rate that MLflow records rises from chance to most drafts accepted."""
+"""recipes/mtp-specdec.yaml (MiMo), recipes/examples/glm4-moe-mtp-specdec.yaml (GLM-4.5:
+a sparse MTP layer, vLLM's glm4_moe_mtp drafter) and recipes/examples/qwen3_5-tiny-grpo-mtp.yaml
+(Qwen3.5: Gated DeltaNet layers, vLLM's qwen3_5_mtp drafter, served in bfloat16) end to end:
+the rollout engine drafts with the policy's MTP head, the decoupled `mtp` term trains that head
+on the rollouts, and the draft acceptance rate that MLflow records rises from chance to most
+drafts accepted."""
 
 from __future__ import annotations
 
@@ -19,8 +21,12 @@ RL_STEPS = 6
 
 @pytest.fixture(
     scope="module",
-    params=["mtp-specdec.yaml", "examples/glm4-moe-mtp-specdec.yaml"],
-    ids=["mimo", "glm4_moe"],
+    params=[
+        "mtp-specdec.yaml",
+        "examples/glm4-moe-mtp-specdec.yaml",
+        "examples/qwen3_5-tiny-grpo-mtp.yaml",
+    ],
+    ids=["mimo", "glm4_moe", "qwen3_5"],
 )
 def specdec_run(request):
     recipe = RECIPES / request.param

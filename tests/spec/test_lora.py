@@ -4,6 +4,7 @@ base: no gradients or optimizer state but the adapters')."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from pydantic import ValidationError
@@ -45,11 +46,149 @@ def test_lora_rank_must_be_positive(write_recipe, located) -> None:
     assert "greater than or equal to 1" in message
 
 
-def test_lora_path_is_refused_for_now(write_recipe, located) -> None:
-    path = write_recipe(TINY + "  lora:\n    path: adapter\n" + SFT)  # path on line 8
+# model.lora.path on line 9 (column 11) of this recipe; its rank 8 on line 8.
+WITH_ADAPTER = TINY + "  lora:\n    rank: 8\n    path: adapter\n" + SFT
+
+
+def _write_adapter(folder, lora=None, tiny=None, **config):
+    """A PEFT adapter folder of `lora` (rank 8, every target) for the TINY model (or `tiny`),
+    with `config` replacing adapter_config.json fields (None removes one)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from mtprun.models.peft_adapter import adapter_config, expected_tensors
+    from mtprun.models.shape import ModelShape
+    from mtprun.spec.model import TinyModel
+
+    lora = lora or LoRASection(rank=8)
+    tiny = tiny or TinyModel(hidden=128, heads=2, kv_heads=1)
+    folder.mkdir(parents=True)
+    fields = {**adapter_config(lora, "some/base"), **config}
+    (folder / "adapter_config.json").write_text(
+        json.dumps({k: v for k, v in fields.items() if v is not None})
+    )
+    shapes = expected_tensors(ModelShape.from_tiny(tiny, 128), lora)
+    save_file(
+        {n: np.zeros(s, np.float32) for n, s in shapes.items()},
+        str(folder / "adapter_model.safetensors"),
+    )
+    return folder
+
+
+def test_lora_path_takes_a_peft_adapter_folder_relative_to_the_recipe(
+    write_recipe, located
+) -> None:
+    from mtprun.preflight import check_recipe
+
+    path = write_recipe(WITH_ADAPTER)
+    _write_adapter(path.parent / "adapter")
+    assert located(path) == []
+    assert check_recipe(path).recipe.model.lora.path == str(path.parent / "adapter")
+
+
+def _at_path(path) -> str:
+    return f"{path}:9:11: "
+
+
+def test_lora_path_refuses_a_missing_or_foreign_folder(write_recipe, located) -> None:
+    path = write_recipe(WITH_ADAPTER)
+    folder = path.parent / "adapter"
+    assert located(path) == [_at_path(path) + f"no adapter folder at {folder}"]
+    folder.mkdir()
     assert located(path) == [
-        f"{path}:8:11: resuming from a PEFT adapter folder is not supported yet (issue 25): "
-        "remove model.lora.path to start from fresh adapters (B = 0: the base model's outputs)"
+        _at_path(path) + f"{folder} is not a PEFT adapter folder: it has no "
+        "adapter_config.json (a LoRA run's `mtprun export` writes one)"
+    ]
+    folder.rmdir()
+    _write_adapter(folder).joinpath("adapter_model.safetensors").unlink()
+    (message,) = located(path)
+    assert message.startswith(_at_path(path) + f"{folder} has no adapter_model.safetensors")
+
+
+CONFIG = "<config>"  # the adapter's adapter_config.json
+
+
+@pytest.mark.parametrize(
+    ("config", "complaint"),
+    [
+        (
+            {"peft_type": "IA3"},
+            f"{CONFIG}: peft_type is 'IA3': model.lora starts from LoRA adapters only",
+        ),
+        (
+            {"use_dora": True},
+            f"{CONFIG}: use_dora is True; mtprun's LoRA has no such adapters (it needs "
+            "use_dora: false)",
+        ),
+        (
+            {"r": 16},
+            f"{CONFIG}: the adapter's rank r is 16 but model.lora.rank is 8: set "
+            "model.lora.rank: 16",
+        ),
+        (
+            {"lora_alpha": 32},
+            f"{CONFIG}: the adapter's lora_alpha is 32 but model.lora.alpha is null (2 x rank): "
+            "set model.lora.alpha: 32",
+        ),
+        (
+            {"target_modules": ["q_proj", "k_proj", "v_proj", "down_proj"]},
+            f"{CONFIG}: the adapter's target_modules are ['q_proj', 'k_proj', 'v_proj', "
+            "'down_proj'] but model.lora.targets ['all'] adapt ['down_proj', 'gate_proj', "
+            "'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']: set model.lora.targets: "
+            "[qkv, fc2]",
+        ),
+        (
+            {"target_modules": ["q_proj", "v_proj"]},
+            f"{CONFIG}: the adapter's target_modules are ['q_proj', 'v_proj'] but "
+            "model.lora.targets ['all'] adapt ['down_proj', 'gate_proj', 'k_proj', 'o_proj', "
+            "'q_proj', 'up_proj', 'v_proj'] (targets adapt whole layers: q_proj, k_proj and "
+            "v_proj together, gate_proj and up_proj together, and there is no target for "
+            "other modules)",
+        ),
+    ],
+    ids=["not-lora", "dora", "rank", "alpha", "targets", "targets-unnamable"],
+)
+def test_lora_path_config_must_match_the_recipe(write_recipe, located, config, complaint) -> None:
+    path = write_recipe(WITH_ADAPTER)
+    folder = _write_adapter(path.parent / "adapter", **config)
+    file = str(folder / "adapter_config.json")
+    assert located(path) == [_at_path(path) + complaint.replace(CONFIG, file)]
+
+
+def test_lora_path_adapter_of_another_base_model_is_refused(write_recipe, located) -> None:
+    from mtprun.spec.model import TinyModel
+
+    path = write_recipe(WITH_ADAPTER)
+    folder = path.parent / "adapter"
+    weights = folder / "adapter_model.safetensors"
+    prefix = _at_path(path) + f"{weights}"
+    # Its tensors say so: wider, or more layers.
+    _write_adapter(folder, tiny=TinyModel(hidden=256, heads=4, kv_heads=2))
+    assert located(path) == [
+        f"{prefix}: base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight is [8, 256] "
+        "but the model needs [8, 128] ([r, in] for lora_A, [out, r] for lora_B): the adapter "
+        "belongs to another base model"
+    ]
+    shutil.rmtree(folder)
+    _write_adapter(folder, tiny=TinyModel(hidden=128, heads=2, kv_heads=1, layers=3))
+    assert located(path) == [
+        f"{prefix} has 14 tensor(s) the model has no place for, such as "
+        "base_model.model.model.layers.2.mlp.down_proj.lora_A.weight (the model has 2 layers; "
+        "adapters of down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj): the "
+        "adapter belongs to another base model"
+    ]
+    # Or the base model it records, a folder of another shape.
+    shutil.rmtree(folder)
+    base = path.parent / "base"
+    base.mkdir()
+    qwen2 = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 128, "num_hidden_layers": 2}
+    dims = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1}
+    (base / "config.json").write_text(json.dumps({**qwen2, **dims, "intermediate_size": 512}))
+    _write_adapter(folder, base_model_name_or_path=str(base))
+    assert located(path) == [
+        _at_path(path) + f"{folder / 'adapter_config.json'}: the adapter was trained on {base}, "
+        "whose intermediate is 512, but the model's is 256: the adapter belongs to another "
+        "base model"
     ]
 
 

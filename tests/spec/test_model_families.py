@@ -42,6 +42,8 @@ def test_lists_of_architectures_come_from_the_families():
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
         "Glm4MoeForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
     )
     assert {f.vllm_architecture for f in FAMILIES} >= set(SUPPORTED_ARCHITECTURES)
     assert TINY_ARCHITECTURES == {
@@ -50,6 +52,7 @@ def test_lists_of_architectures_come_from_the_families():
         "qwen3": "Qwen3ForCausalLM",
         "qwen3_moe": "Qwen3MoeForCausalLM",
         "glm4_moe": "Glm4MoeForCausalLM",
+        "qwen3_5": "Qwen3_5ForCausalLM",
     }
     tiny_names = set(TinyModel.model_fields["architecture"].annotation.__args__)
     assert tiny_names == set(TINY_ARCHITECTURES)

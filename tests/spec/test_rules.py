@@ -138,7 +138,7 @@ CASES = {
     ),
     "mtp layers need mimo": (
         MIMO.replace("architecture: mimo", "architecture: qwen2"),
-        ["8:17: MTP layers need architecture 'mimo' or 'glm4_moe', not 'qwen2'"],
+        ["8:17: MTP layers need architecture 'mimo' or 'glm4_moe' or 'qwen3_5', not 'qwen2'"],
     ),
     "mtp depth beyond the model's MTP layers": (
         MIMO + "losses:\n  - kind: ce\n  - kind: mtp\n    depth: 2\n",

@@ -37,9 +37,52 @@ def test_the_example_prompts_are_what_the_script_makes() -> None:
     assert pq.read_table(RECIPES / "examples" / "prompts.parquet").equals(module.table())
 
 
+# Qwen3-0.6B's and Qwen3-1.7B's config.json fields (tied embeddings, head size 128).
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "head_dim": 128,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+QWEN3_1_7B = {**QWEN3_0_6B, "hidden_size": 2048, "intermediate_size": 6144}
+# Example recipes serving a reward model from an HF folder CI does not hold: they validate
+# against its config.json and a tokenizer config with a chat template, written to a temporary
+# folder the override points the recipe at.
+SERVED_REWARD_MODELS = {
+    "reward-model-grpo": (
+        "task.rewards.1.model",
+        {
+            **QWEN3_0_6B,
+            "architectures": ["Qwen3ForSequenceClassification"],
+            "id2label": {"0": "LABEL_0"},
+        },
+    ),
+    "judge-grpo": ("task.reward.model", QWEN3_1_7B),
+}
+
+
+def served_model_overrides(stem: str, folder: Path) -> list[str]:
+    """The override pointing recipe `stem`'s served reward model at a folder holding its
+    config.json (none for the other recipes)."""
+    if stem not in SERVED_REWARD_MODELS:
+        return []
+    key, config = SERVED_REWARD_MODELS[stem]
+    (folder / "config.json").write_text(json.dumps(config))
+    template = {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(template))
+    return [f"{key}={folder}"]
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_recipe_validates_without_errors_or_warnings(path: Path) -> None:
-    check = check_recipe(path)
+def test_recipe_validates_without_errors_or_warnings(path: Path, tmp_path: Path) -> None:
+    check = check_recipe(path, served_model_overrides(path.stem, tmp_path))
     assert [str(d) for d in check.diagnostics] == []
     assert check.recipe is not None and check.recipe.name == path.stem
 
@@ -107,13 +150,57 @@ GLM_45_AIR = {
     "vocab_size": 151552,
 }
 
+# Qwen3.5-9B's config.json (a vision-language checkpoint, its text model under text_config):
+# 32 layers, every 4th gated attention (16 heads of 256, 4 key/value groups, RoPE on a quarter
+# of each head), the others Gated DeltaNet (16 key heads and 32 value heads of 128), one MTP
+# layer. Written from the model card and transformers' Qwen3_5TextConfig defaults ("Qwen3.5-9B
+# style"); marked "unsure" are values not checked against the released file.
+QWEN3_5_9B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "attention_bias": False,
+        "head_dim": 256,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "full_attention_interval": 4,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_value_head_dim": 128,
+        "max_position_embeddings": 262144,  # unsure
+        "mtp_num_hidden_layers": 1,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000,  # unsure
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "tie_word_embeddings": False,
+        "vocab_size": 248320,
+    },
+    "vision_config": {"depth": 27, "hidden_size": 1152, "out_hidden_size": 4096},  # unsure
+}
+QWEN3_5_9B["text_config"]["layer_types"] *= 8  # the 4-layer pattern over 32 layers
+
 # Example recipes of real checkpoints, with the config.json of each: their model.path holds no
 # weights in CI, so they validate above with the shape unknown, and here against the real one
 # (the rules that read the shape, and the memory estimate held against gpu_memory_gib).
 REAL_MODELS = {
     "qwen3-8b-grpo-math": QWEN3_8B,
+    "qwen3-8b-lora-grpo": QWEN3_8B,
     "qwen3-30b-a3b-grpo": QWEN3_30B_A3B,
     "glm-4.5-air-sft-tools": GLM_45_AIR,
+    "qwen3.5-9b-dapo-mtp": QWEN3_5_9B,
 }
 
 

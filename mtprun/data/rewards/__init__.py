@@ -5,6 +5,8 @@ reference.load_reward(name)            a built-in, `pkg.module:function` or `fil
 reference.reward_problem(name)         what is wrong with a reference (validate)
 call.RewardInput / call.call_reward    one episode scored: components with a `total`
 endpoint.EndpointJudge                 an LLM judge behind an OpenAI-compatible endpoint
+endpoint.render / score_reader         a judge's template filled, its reply read (regex or
+                                       function; the judges the run serves share them)
 builtin.reasoning_gym                  a reasoning-gym dataset's own score_answer
 """
 

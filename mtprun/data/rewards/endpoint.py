@@ -1,6 +1,7 @@
 """An LLM judge behind an OpenAI-compatible endpoint (`task.reward: {url, model, prompt,
 parse}`): render the prompt template with the episode, POST one chat completion, read the
-score out of the reply with the `parse` regex.
+score out of the reply with the `parse` regex or function (both shared with the judge the run
+serves itself, mtprun.runner.rollout.scorers).
 
 `EndpointJudge.score` is one episode, synchronous, under a deadline: connection failures,
 timeouts, 429 and 5xx answers are retried with backoff until `retries` or the deadline runs
@@ -11,6 +12,7 @@ turns what it raises into `reward/errors` (task.reward_on_error).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -18,9 +20,12 @@ import string
 import time
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from mtprun.data.rewards.call import RewardInput, RewardValueError
+from mtprun.data.references import UnresolvedReference, load_reference
+from mtprun.data.rewards.call import RewardInput, RewardValueError, reward_components
+from mtprun.spec.rewards import is_parse_function
 
 if TYPE_CHECKING:
     from mtprun.spec.rewards import EndpointReward
@@ -90,6 +95,38 @@ def render(template: str, episode: RewardInput) -> str:
         ) from None
 
 
+ScoreReader = Callable[[str], float]
+"""A judge's reply -> its score (raises RewardValueError when there is none)."""
+
+
+def score_reader(parse: str) -> ScoreReader:
+    """How `parse` (a regular expression or a function reference, see
+    mtprun.spec.rewards.is_parse_function) reads the score out of a reply; raises
+    UnresolvedReference for a function that does not import."""
+    if not is_parse_function(parse):
+        return functools.partial(parse_score, parse)
+    fn = load_reference(parse)
+    if not callable(fn):
+        raise UnresolvedReference(f"parse {parse}: a {type(fn).__name__}, not a function")
+    return functools.partial(_call_parse, fn, parse)
+
+
+def parse_problem(parse: str) -> str | None:
+    """What is wrong with a judge's `parse` function (importing it), or None."""
+    try:
+        score_reader(parse)
+    except UnresolvedReference as err:
+        return str(err)
+    return None
+
+
+def _call_parse(fn: Callable[[str], Any], parse: str, reply: str) -> float:
+    try:
+        return reward_components(fn(reply))["total"]
+    except RewardValueError as err:
+        raise RewardValueError(f"parse {parse} on the reply {reply!r:.200}: {err}") from None
+
+
 def parse_score(pattern: str, reply: str) -> float:
     """The score in the judge's `reply`: the first group (or whole match) of `pattern`'s first
     match; RewardValueError when there is none or it is not a number."""
@@ -112,6 +149,7 @@ class EndpointJudge:
         self.spec = spec
         with open(spec.prompt, encoding="utf-8") as file:
             self.template = file.read()
+        self.read_score = score_reader(spec.parse)
         url = spec.url.rstrip("/")
         self.url = url if url.endswith("/chat/completions") else f"{url}/chat/completions"
 
@@ -127,7 +165,7 @@ class EndpointJudge:
             }
         ).encode()
         reply = self._post(body, deadline)
-        return {"total": parse_score(self.spec.parse, reply)}
+        return {"total": self.read_score(reply)}
 
     def _post(self, body: bytes, deadline: float) -> str:
         headers = {"Content-Type": "application/json"}

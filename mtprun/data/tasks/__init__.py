@@ -38,9 +38,13 @@ def get_task(name: str) -> Task:
 
 def task_for(section: TaskSection, seed: int, cache_dir: str | Path | None = None) -> Task:
     """The task a recipe's `task:` section declares: `prompts` (a dataset, or a
-    reasoning-gym one) or `name`."""
+    reasoning-gym one), `name`, or a verifiers taskset (`environment: verifiers:...`)."""
     from mtprun.spec.data import ReasoningGymSpec
 
+    if section.verifiers_environment:
+        from mtprun.data.tasks.verifiers_env import VerifiersPromptTask
+
+        return VerifiersPromptTask(section.environment)
     if isinstance(section.prompts, ReasoningGymSpec):
         from mtprun.data.tasks.gym_prompts import ReasoningGymTask
 
@@ -62,3 +66,21 @@ def _dataset_task(path: str, seed: int, cache_dir: str | Path | None = None) -> 
 
 
 __all__ = ["TASKS", "Prompt", "Task", "get_task", "task_for"]
+
+
+def load_environment_class(reference: str) -> type:
+    """The environment class a recipe's task.environment names (`verifiers:<module>`: the
+    episode class of that verifiers taskset); ValueError (with the reason) when it cannot be
+    imported or lacks the interface."""
+    from mtprun.data.environment import interface_problem
+    from mtprun.data.references import load_reference
+    from mtprun.data.tasks.verifiers_env import is_verifiers_environment, load_verifiers_taskset
+
+    if is_verifiers_environment(reference):
+        return load_verifiers_taskset(reference).environment_class()
+
+    cls = load_reference(reference)
+    problem = interface_problem(cls)
+    if problem is not None:
+        raise ValueError(problem)
+    return cls

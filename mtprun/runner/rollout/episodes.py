@@ -30,6 +30,7 @@ group keeps its first round (its policy-gradient terms are then 0).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,6 @@ from mtprun.data.environment import (
     EnvStep,
     episode_tools,
     inserted_messages,
-    load_environment_class,
     make_environment,
     reset_all,
     step_all,
@@ -50,13 +50,16 @@ from mtprun.data.environment import (
 from mtprun.data.messages import Conversation, ToolSpec
 from mtprun.data.packing import pack
 from mtprun.data.render import RenderedSequence, Renderer, folder_renderer
-from mtprun.data.tasks import Prompt, task_for
+from mtprun.data.tasks import Prompt, load_environment_class, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
 from mtprun.runner.rollout.engine import Sampling
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.rollout.rewards import EpisodeScorer, RewardOutcome, component_means
+from mtprun.runner.rollout.scorers import ScorerPlacement
 from mtprun.spec import Recipe
+
+log = logging.getLogger("mtprun")
 
 
 @dataclass
@@ -156,6 +159,7 @@ class _Episode:
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
     tool_turns: int = 0
     env_reward: float | None = None  # the last reward the environment gave
+    env_components: dict[str, float] | None = None  # its named parts (reward/<name>)
     version: int | None = None  # the oldest policy version among its sampled turns
     context_ids: list[int] | None = None  # the context of its last sampled turn
     completion_ids: list[int] | None = None  # its last sampled turn
@@ -189,8 +193,9 @@ class EpisodeCollector:
             if recipe.task.environment
             else self.task.environment
         )
-        self.scorer = EpisodeScorer.for_task(recipe.task)
+        self.scorer = EpisodeScorer.for_task(recipe.task, ScorerPlacement.of(recipe))
         self.renderer = folder_renderer(model_dir, recipe.task.renderer)
+        self._warned_unprinted_tools = False
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 
@@ -251,6 +256,7 @@ class EpisodeCollector:
             episode_prompts,
             [e.conversation for e in episodes],
             given=[e.env_reward for e in episodes],
+            given_components=[e.env_components for e in episodes],
             raw_completions=[e.last_text for e in episodes],
         )
         return Episodes(
@@ -272,10 +278,22 @@ class EpisodeCollector:
         starts = reset_all(envs, prompts)
         episodes = []
         for env, prompt, start in zip(envs, prompts, starts, strict=True):
-            tools = episode_tools(env, prompt)
+            tools = episode_tools(env, prompt, prints_tools=self.renderer.chat_format is None)
+            if not tools and getattr(env, "tools", None):
+                self._warn_unprinted_tools(len(env.tools))
             rendered = self.renderer.render(start, add_generation_prompt=True, tools=tools)
             episodes.append(_Episode(env, TrajectoryBuilder(rendered), start, tools))
         return episodes
+
+    def _warn_unprinted_tools(self, count: int) -> None:
+        if not self._warned_unprinted_tools:
+            self._warned_unprinted_tools = True
+            log.warning(
+                "chat template %r prints no tool specs: the %d tool(s) of task.environment "
+                "are not shown to the model (its calls to them are parsed and answered)",
+                self.renderer.chat_format.name,
+                count,
+            )
 
     def _first_samples(self, episodes: list[_Episode], n: int, sampling: Sampling) -> list[Any]:
         """The first turn of every episode: n samples per prompt when the environments start
@@ -291,6 +309,7 @@ class EpisodeCollector:
         (`max_tokens`: the room the next turn needs)."""
         if result.reward is not None:
             episode.env_reward = float(result.reward)
+            episode.env_components = dict(result.components or {}) or None
         if result.done or episode.truncated:
             return False
         messages = inserted_messages(result)

@@ -61,6 +61,7 @@ class RolloutPool:
                 threads,
                 version,
                 recipe.trainer.router_replay,  # return each sample's expert routing
+                recipe.model.lora,  # serve the base with adapters, synced alone
             )
             for i in range(count)
         ]

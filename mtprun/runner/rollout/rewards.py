@@ -1,6 +1,8 @@
 """Episodes scored by the recipe's reward (`task.reward`, or the weighted `task.rewards`),
 in parallel, each call under `task.reward_timeout_s`: reward functions in worker processes,
-an endpoint judge in a pool of threads (`concurrency` requests in flight).
+an endpoint judge in a pool of threads (`concurrency` requests in flight), a reward model the
+run serves (a classifier or a judge, mtprun.runner.rollout.scorers) in one batched call per
+step to its own engine.
 
 The workers are spawned processes that import the reward once (a user file included) and
 then score one episode per message. A dispatcher thread hands queued episodes to idle
@@ -40,7 +42,10 @@ from typing import Any
 from mtprun.data.messages import Conversation, Prompt
 from mtprun.data.rewards import RewardInput, RewardValueError, call_reward, load_reward
 from mtprun.data.rewards.endpoint import EndpointJudge, JudgeError, describe
-from mtprun.spec.rewards import EndpointReward
+from mtprun.runner.rollout.reward_outcome import RewardOutcome
+from mtprun.runner.rollout.scorers import ScorerPlacement, ServedScorer
+from mtprun.runner.rollout.scorers import describe as describe_served
+from mtprun.spec.rewards import EndpointReward, ServedReward
 
 log = logging.getLogger("mtprun")
 _CONTEXT = multiprocessing.get_context("spawn")  # the driver holds threads and Ray: no fork
@@ -49,14 +54,6 @@ _READY, _BROKEN = "ready", "broken"
 
 class RewardFailed(RuntimeError):
     """A reward call failed under `task.reward_on_error: fail`."""
-
-
-@dataclass(frozen=True)
-class RewardOutcome:
-    """One call's components (`total` included), or why it failed."""
-
-    components: dict[str, float] | None
-    error: str | None = None
 
 
 @dataclass
@@ -84,29 +81,33 @@ def component_means(outcomes: Sequence[RewardOutcome]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class _Term:
-    """One reward of the scorer: its metric name, weight, and how it scores an episode."""
+    """One reward of the scorer: its metric name, weight, and how it scores an episode (a
+    future outcome), or a whole batch of them at once (a served model: one call)."""
 
     name: str
     weight: float
-    submit: Callable[[RewardInput], Future[RewardOutcome]]
+    submit: Callable[[RewardInput], Future[RewardOutcome]] | None = None
+    submit_many: Callable[[Sequence[RewardInput]], list[Future[RewardOutcome]]] | None = None
 
 
 class EpisodeScorer:
     """The recipe's reward over episodes: reward workers and judges plus the
     `reward_on_error` policy.
 
-    `reward`: one reward (a built-in's name, a function reference or an endpoint judge), the
-    entries of task.rewards (objects with `label`, `weight` and `spec`), or None. An episode
-    whose environment gave a reward keeps it (unscored); without a reward (an environment
-    meant to reward every episode) one it did not reward is an error.
+    `reward`: one reward (a built-in's name, a function reference, an endpoint judge or a
+    served reward model), the entries of task.rewards (objects with `label`, `weight` and
+    `spec`), or None. An episode whose environment gave a reward keeps it (unscored); without
+    a reward (an environment meant to reward every episode) one it did not reward is an error.
+    Served reward models start here, as Ray actors placed by `placement`.
     """
 
     def __init__(
         self,
-        reward: str | EndpointReward | Sequence[Any] | None,
+        reward: str | EndpointReward | ServedReward | Sequence[Any] | None,
         workers: int,
         timeout_s: float,
         on_error: float | str,
+        placement: ScorerPlacement | None = None,
     ) -> None:
         self.on_error = on_error
         self.combined = isinstance(reward, list | tuple)
@@ -117,24 +118,40 @@ class EpisodeScorer:
             specs, self.reward = [], "of task.environment"  # in messages
         else:
             specs = [("total", 1.0, reward)]
-            self.reward = describe(reward) if isinstance(reward, EndpointReward) else reward
+            self.reward = _describe(reward)
         references = list(dict.fromkeys(s for _, _, s in specs if isinstance(s, str)))
         self.pool = RewardPool(references, workers, timeout_s) if references else None
-        self.judges: list[JudgePool] = []
+        self.judges: list[JudgePool | ServedScorer] = []
         self._terms: list[_Term] = []
         for name, weight, spec in specs:
             if isinstance(spec, str):
                 assert self.pool is not None
                 submit = functools.partial(self.pool.submit, which=references.index(spec))
+                self._terms.append(_Term(name, weight, submit=submit))
+            elif isinstance(spec, ServedReward):
+                if placement is None:
+                    raise ValueError(f"the {describe_served(spec)} needs a placement to run on")
+                served = ServedScorer(spec, placement, timeout_s)
+                self.judges.append(served)
+                self._terms.append(_Term(name, weight, submit_many=served.submit_many))
             else:
                 self.judges.append(JudgePool(spec, timeout_s))
-                submit = self.judges[-1].submit
-            self._terms.append(_Term(name, weight, submit))
+                self._terms.append(_Term(name, weight, submit=self.judges[-1].submit))
+        try:
+            for judge in self.judges:
+                if isinstance(judge, ServedScorer):
+                    judge.wait_started()
+        except BaseException:
+            self.close()  # the reward workers and the other served models
+            raise
 
     @classmethod
-    def for_task(cls, task: Any) -> EpisodeScorer:
+    def for_task(cls, task: Any, placement: ScorerPlacement | None = None) -> EpisodeScorer:
+        """The scorer of `task`; `placement`: where its served reward models run."""
         reward = task.rewards if task.rewards is not None else task.effective_reward
-        return cls(reward, task.reward_workers, task.reward_timeout_s, task.reward_on_error)
+        return cls(
+            reward, task.reward_workers, task.reward_timeout_s, task.reward_on_error, placement
+        )
 
     def score(
         self,
@@ -142,22 +159,35 @@ class EpisodeScorer:
         conversations: Sequence[Conversation],
         given: Sequence[float | None] | None = None,
         raw_completions: Sequence[str | None] | None = None,
+        given_components: Sequence[dict[str, float] | None] | None = None,
     ) -> Scores:
         """Rewards of episode k = (prompts[k], conversations[k]): `given[k]` when it is a
         number (the reward its environment gave), else the reward's, which gets
         `raw_completions[k]` (the text of the episode's final turn as generated; None:
-        rebuilt from its final message). Raises RewardFailed on the first error under
-        `reward_on_error: fail`."""
+        rebuilt from its final message; `given_components[k]`: the named parts of `given[k]`).
+        Raises RewardFailed on the first error under `reward_on_error: fail`."""
         raws = list(raw_completions) if raw_completions is not None else [None] * len(prompts)
         inputs = [
             RewardInput.of(p, c, raw)
             for p, c, raw in zip(prompts, conversations, raws, strict=True)
         ]
         given = list(given) if given is not None else [None] * len(inputs)
-        futures = [
-            self._submit(episode) if reward is None else _given(reward)
-            for episode, reward in zip(inputs, given, strict=True)
-        ]
+        unscored = [k for k, reward in enumerate(given) if reward is None]
+        # A served model scores the whole batch in one call; the others, episode by episode.
+        batches = {
+            i: term.submit_many([inputs[k] for k in unscored])
+            for i, term in enumerate(self._terms)
+            if term.submit_many is not None
+        }
+        parts = list(given_components or [None] * len(given))
+        futures = [_given(reward, part) for reward, part in zip(given, parts, strict=True)]
+        for j, k in enumerate(unscored):
+            futures[k] = self._submitted(
+                [
+                    batches[i][j] if term.submit is None else term.submit(inputs[k])
+                    for i, term in enumerate(self._terms)
+                ]
+            )
         outcomes = [
             self._combine([f.result() for f in fs]) if isinstance(fs, list) else fs.result()
             for fs in futures
@@ -183,12 +213,15 @@ class EpisodeScorer:
             )
         return Scores(totals, outcomes)
 
-    def _submit(self, episode: RewardInput) -> Future[RewardOutcome] | list[Future[RewardOutcome]]:
-        """The future outcome of the one reward, or of each of task.rewards (a list)."""
+    def _submitted(
+        self, futures: list[Future[RewardOutcome]]
+    ) -> Future[RewardOutcome] | list[Future[RewardOutcome]]:
+        """An episode's future outcome of the one reward, or of each of task.rewards (a
+        list), from its futures of every term."""
         if self.combined:
-            return [term.submit(episode) for term in self._terms]
-        if self._terms:
-            return self._terms[0].submit(episode)
+            return futures
+        if futures:
+            return futures[0]
         return _done(
             RewardOutcome(
                 None,
@@ -291,10 +324,24 @@ def _settle(future: Future[RewardOutcome], outcome: RewardOutcome) -> None:
         future.set_result(outcome)
 
 
-def _given(reward: float) -> Future[RewardOutcome]:
-    """The outcome of an environment's reward (a non-finite one is an error)."""
+def _describe(reward: str | EndpointReward | ServedReward) -> str:
+    """How messages name the one reward."""
+    if isinstance(reward, EndpointReward):
+        return describe(reward)
+    if isinstance(reward, ServedReward):
+        return describe_served(reward)
+    return reward
+
+
+def _given(
+    reward: float | None, components: dict[str, float] | None = None
+) -> Future[RewardOutcome]:
+    """The outcome of an environment's reward with its named parts (a non-finite one is an
+    error; None: a placeholder for an episode the rewards score)."""
+    if reward is None:
+        return Future()
     if math.isfinite(reward):
-        return _done(RewardOutcome({"total": float(reward)}))
+        return _done(RewardOutcome({**(components or {}), "total": float(reward)}))
     return _done(RewardOutcome(None, f"the environment's reward is {reward} (not finite)"))
 
 

@@ -27,13 +27,14 @@ class RolloutWorker:
         torch_threads: int | None,
         version: int,
         routed_experts: bool = False,
+        lora: Any = None,
     ) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         from mtprun.runner.rollout.engine import RolloutEngine
 
         self.engine = RolloutEngine(
-            Path(model_dir), rollout, seed, Path(work_dir), version, routed_experts
+            Path(model_dir), rollout, seed, Path(work_dir), version, routed_experts, lora
         )
         self.transfer: Any = None  # this engine's membership of the weight-transfer group
 
@@ -44,6 +45,8 @@ class RolloutWorker:
         return self.engine.generate(prompts, n, sampling)
 
     def update_weights(self, weights: dict[str, torch.Tensor], version: int) -> float:
+        """The trainer's sync payload (full weights, or with LoRA the adapters) from the
+        object store, as policy `version`; returns seconds in vLLM."""
         return self.engine.update_weights(weights.items(), version)
 
     def join_transfer(self, host: str, port: int, generation: int, rank: int, world: int) -> None:

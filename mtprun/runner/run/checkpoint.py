@@ -2,7 +2,9 @@
 
     checkpoints/step_000012/
       trainer_rank0.pt ...   each trainer rank's state_dict (model, optimizer, schedule, step)
-      hf/                    the policy as an HF folder (what `mtprun export` hands out)
+      hf/                    the policy as an HF folder (what `mtprun export` hands out;
+                             with LoRA its merged weights, `mtprun export --merge`)
+      adapter/               with LoRA: the adapters as a PEFT adapter folder (`mtprun export`)
       driver.json            the loop's own position (step, stage) and the metrics of the step
     checkpoints/latest       the step number of the newest complete checkpoint
 

@@ -223,7 +223,9 @@ class Driver:
             self.sync = WeightSync(
                 self.recipe.rollout.weight_transfer, lambda: self.trainer, self.pool
             )
-            if resume_from is not None:
+            # With LoRA the engines serve the base alone until a sync brings the trainer's
+            # adapters, which model.lora.path makes nonzero from the start.
+            if resume_from is not None or stage.recipe.model.lora is not None:
                 self.sync.push()
             collector = self.collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
             evaluator = Evaluator(stage.recipe, collector) if stage.recipe.eval else None

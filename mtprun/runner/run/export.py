@@ -1,7 +1,10 @@
-"""HF-format policy folders: written at checkpoints, handed out by `mtprun export`."""
+"""Policy folders written at checkpoints and handed out by `mtprun export`: an HF model folder
+(`hf/`: the whole policy, with LoRA its merged weights W + alpha / r B A) and, for a LoRA run, a
+PEFT adapter folder (`adapter/`: the adapters alone, what a LoRA run exports by default)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -9,7 +12,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from mtprun.models.peft_adapter import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_config
 from mtprun.runner.run import checkpoint
+from mtprun.spec.model import LoRASection
+
+HF_FOLDER = "hf"  # a checkpoint's HF model folder
+ADAPTER_FOLDER = "adapter"  # a LoRA checkpoint's PEFT adapter folder
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".safetensors.index.json", ".bin.index.json")
 
@@ -29,9 +37,35 @@ def save_hf_folder(
     return out_dir
 
 
-def export_checkpoint(checkpoints: Path, step: int | None, out_dir: Path) -> Path:
-    """Copy the HF folder of checkpoint `step` (None = newest) to `out_dir`."""
-    source = checkpoint.resolve(checkpoints, step) / "hf"
+def save_peft_adapter(
+    adapters: Mapping[str, torch.Tensor], lora: LoRASection, base_model: str, out_dir: Path
+) -> Path:
+    """Write `adapters` (PEFT names, `Trainer.adapter_state_dict`) as a PEFT adapter folder of
+    `lora` on `base_model` (recorded as base_model_name_or_path): `adapter_config.json` and
+    `adapter_model.safetensors`, which peft's `PeftModel.from_pretrained` and vLLM's LoRA
+    loader read."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = adapter_config(lora, base_model)
+    (out_dir / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in adapters.items()}
+    save_file(tensors, str(out_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    return out_dir
+
+
+def export_checkpoint(
+    checkpoints: Path, step: int | None, out_dir: Path, merged: bool = False
+) -> Path:
+    """Copy the policy of checkpoint `step` (None = newest) to `out_dir`: a LoRA checkpoint's
+    PEFT adapter folder, or with `merged` its HF folder of merged weights; a full fine-tune's
+    HF folder (`merged` is then a ValueError: there is nothing to merge)."""
+    folder = checkpoint.resolve(checkpoints, step)
+    lora = (folder / ADAPTER_FOLDER).is_dir()
+    if merged and not lora:
+        raise ValueError(
+            f"{folder} trained every weight (no model.lora): its export is a full HF folder "
+            "already, there are no adapters to merge; leave out --merge"
+        )
+    source = folder / (ADAPTER_FOLDER if lora and not merged else HF_FOLDER)
     if not source.is_dir():
         raise FileNotFoundError(f"{source} is missing: the checkpoint was written incompletely")
     if out_dir.exists():

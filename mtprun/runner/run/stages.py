@@ -56,7 +56,10 @@ def plan_stages(recipe: Recipe) -> list[Stage]:
         ws_plan = HeadPlan.compile([CETerm()], tp_size=recipe.parallel.tp)
         stages.append(Stage("warmstart", "sft", ws_recipe, ws_plan, 0, ws.steps))
     offset = stages[-1].last_step if stages else 0
-    stages.append(
-        Stage("grpo", "grpo", recipe, compile_recipe(recipe), offset, recipe.trainer.steps)
-    )
+    grpo = recipe
+    if stages and recipe.model.lora is not None and recipe.model.lora.path is not None:
+        # The warmstart's end has model.lora.path's adapters merged in: fresh ones go on it.
+        lora = recipe.model.lora.model_copy(update={"path": None})
+        grpo = recipe.model_copy(update={"model": recipe.model.model_copy(update={"lora": lora})})
+    stages.append(Stage("grpo", "grpo", grpo, compile_recipe(grpo), offset, recipe.trainer.steps))
     return stages

@@ -4,6 +4,8 @@
 transfer group (mtprun/runner/weight_transfer.py), formed again whenever its members changed
 (a restarted engine or trainer is a new process: it joins the next generation of the group).
 `object_store`: rank 0 puts them into Ray's object store and each engine fetches them.
+With LoRA (`model.lora`) both move the adapters alone: the engines keep the frozen base they
+started from (TrainerWorker._sync_payload, RolloutEngine.update_weights).
 
 An engine restarted mid-step is brought to the trainer's current weights through the object
 store (the broadcast needs every member; the engine rejoins the group at the next sync); a
@@ -38,23 +40,32 @@ class WeightSync:
 
     def push(self) -> dict[str, float]:
         """The trainer's weights (policy version `trainer.version`) into every engine; the
-        driver-side seconds and the slowest engine's seconds inside vLLM."""
+        driver-side seconds, the slowest engine's seconds inside vLLM and the bytes each
+        engine received."""
         trainer = self._trainer()
         start = time.perf_counter()
         if self.method == "collective":
-            engine_s = self._broadcast(trainer)
+            engine_s, sent = self._broadcast(trainer)
         else:
-            engine_s = self.pool.update_weights(trainer.weights_ref(), trainer.version)
-        return {"time/sync_s": time.perf_counter() - start, "time/engine_sync_s": engine_s}
+            engine_s, sent = self._through_object_store(trainer)
+        return {
+            "time/sync_s": time.perf_counter() - start,
+            "time/engine_sync_s": engine_s,
+            "sync/bytes": float(sent),
+        }
 
-    def _broadcast(self, trainer: TrainerGroup) -> float:
+    def _through_object_store(self, trainer: TrainerGroup) -> tuple[float, int]:
+        engine_s = self.pool.update_weights(trainer.weights_ref(), trainer.version)
+        return engine_s, trainer.sync_bytes
+
+    def _broadcast(self, trainer: TrainerGroup) -> tuple[float, int]:
         self.pool.revive()  # a dead member would hold the group's formation until its timeout
         try:
             if self._members != (trainer.pids[0], *self.pool.pids):
                 self._form(trainer)  # an engine dying as it joins fails this after FORM_TIMEOUT
             receipts = self.pool.receive_weights(trainer.version)
-            trainer.send_weights()
-            return max(reload_s for _, reload_s in ray.get(receipts))
+            sent = trainer.send_weights()
+            return max(reload_s for _, reload_s in ray.get(receipts)), sent
         except TrainerDied:
             raise
         except Exception as err:
@@ -67,7 +78,7 @@ class WeightSync:
                 type(err).__name__,
             )
             self._members = None
-            return self.pool.update_weights(trainer.weights_ref(), trainer.version)
+            return self._through_object_store(trainer)
 
     def _form(self, trainer: TrainerGroup) -> None:
         """A new generation of the transfer group: trainer rank 0 and every engine."""

@@ -201,17 +201,22 @@ class PackedRows:
     `packed_attention_mask`, and the cosines and sines of the local tokens' rotary angles
     ([T_local, 1, 1, d] float32, Megatron's table indexed by position id; computed once per
     micro batch, not per layer). Passed as the layer's attention mask, with no rotary table,
-    so that Megatron's unfused RoPE does not run."""
+    so that Megatron's unfused RoPE does not run. `cu_seqlens`: the row's sequence
+    boundaries, for token mixers that run along each sequence (Gated DeltaNet layers)."""
 
     mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans
     cos: torch.Tensor
     sin: torch.Tensor
+    cu_seqlens: torch.Tensor | None = None
 
     @classmethod
     def of(
-        cls, mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans, angles: torch.Tensor
+        cls,
+        mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans,
+        angles: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
     ) -> PackedRows:
-        return cls(mask, angles.cos(), angles.sin())
+        return cls(mask, angles.cos(), angles.sin(), cu_seqlens)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ class TrainerGroup:
         # only to re-sync a restarted engine); every rank must see the calls in one order.
         self.lock = threading.RLock()
         self.version = 0  # the global step of the weights it holds (the driver sets it)
+        self.sync_bytes = 0  # the size of the last weights_ref's payload
         self.dp = parallel.dp
         self.replica = [data_parallel_replica(rank, parallel) for rank in range(len(actors))]
         self.pids = [0] * len(actors)
@@ -106,13 +107,14 @@ class TrainerGroup:
         return self._all("logprobs", batches, reference)[-1]
 
     def weights_ref(self) -> Any:
-        """ObjectRef of the full HF weights (rank 0's), for the rollout engines to fetch."""
+        """ObjectRef of rank 0's weight-sync payload (the full HF weights, or with LoRA the
+        adapters), for the rollout engines to fetch; `sync_bytes` becomes its size."""
         with self.lock:
-            refs = [a.hf_state_dict.remote() for a in self.actors]
-            self._gather(refs[1:])  # None each; rank 0's weights stay in Ray's object store
-            ray.wait(refs[:1])
-            self._gather([self.actors[0].pid.remote()])  # rank 0 alive: its weights are real
-            return refs[0]
+            calls = [a.sync_weights.options(num_returns=2).remote() for a in self.actors]
+            # Every rank's size (0 but rank 0's): all have returned, and rank 0's weights,
+            # returned beside its size, stay in Ray's object store.
+            self.sync_bytes = self._gather([size for _, size in calls])[0]
+            return calls[0][0]
 
     def transfer_address(self) -> tuple[str, int]:
         """Where the engines join rank 0's weight-transfer group."""

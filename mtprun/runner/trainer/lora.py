@@ -31,7 +31,7 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_from_tensor_model_parallel_region,
 )
 
-from mtprun.models.lora import LAYERS, adapter_name, init_adapters
+from mtprun.models.lora import LAYERS, adapter_name, init_adapters, load_peft_adapters
 from mtprun.models.shape import ModelShape
 from mtprun.models.tp_layout import shard
 from mtprun.spec.model import LORA_TARGETS, LoRASection
@@ -100,9 +100,10 @@ def attach_lora(
     model: torch.nn.Module, lora: LoRASection, tp_rank: int, tp_size: int, seed: int
 ) -> list[str]:
     """Freeze every parameter of `model` (a `PolicyModel` stage) and give its decoder layers'
-    targeted linear layers adapters, this rank's shards of `init_adapters`' (whole-model layer
-    indices, so a layout never changes the adapters) in the model's parameter dtype. Returns
-    the adapters' parameter names."""
+    targeted linear layers adapters, this rank's shards of the whole model's: those of the PEFT
+    folder `lora.path`, else `init_adapters`' (whole-model layer indices, so a layout never
+    changes the adapters), in the model's parameter dtype. Returns the adapters' parameter
+    names."""
     shape: ModelShape = model.shape
     if shape.experts is not None and {"fc1", "fc2"} & set(lora.layers):
         raise ValueError(
@@ -112,7 +113,11 @@ def attach_lora(
     model.requires_grad_(False)
     offset = model.stage.layer_offset
     layers = model.decoder.layers
-    full = init_adapters(shape, lora.layers, lora.rank, range(offset, offset + len(layers)), seed)
+    full = (
+        load_peft_adapters(lora.path, lora, shape)
+        if lora.path is not None
+        else init_adapters(shape, lora.layers, lora.rank, range(offset, offset + len(layers)), seed)
+    )
     dtype = next(model.parameters()).dtype
     groups = shape.kv_heads // tp_size
     for j, layer in enumerate(layers):

@@ -8,7 +8,9 @@ position ids restart at every sequence start and are used to index the rotary ta
 attention is block-diagonal causal over `cu_seqlens` (`mtprun.runner.trainer.attention`: a
 FlexAttention block mask on CUDA, an explicit boolean mask on CPU). Under context parallelism
 each process runs its share of the tokens and the core attention gathers the keys and values
-of the others (`context_parallel`).
+of the others (`context_parallel`). A hybrid model (Qwen3.5) gets its layer spec per layer
+index: Gated DeltaNet layers (`gated_delta_net.PackedGatedDeltaNet`, which read the row's
+`cu_seqlens` from `PackedRows`) between gated attention layers.
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ from megatron.core.transformer.transformer_block import LayerNormImpl, Transform
 from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
 
+from mtprun.kernels.gated_delta import require_gdn_kernels
 from mtprun.models import hf_to_megatron
 from mtprun.models.expert_shape import ExpertShape
 from mtprun.models.family import family_of
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
+from mtprun.models.qwen3_5_shape import LinearAttentionShape
 from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedAttention, PackedRows, packed_attention_mask
 from mtprun.runner.trainer.context_parallel import TokenShard
 from mtprun.runner.trainer.experts import GroupedExperts, TensorParallelMoELayer
+from mtprun.runner.trainer.gated_delta_net import PackedGatedDeltaNet, ZeroCenteredRMSNorm
 
 Recompute = Literal["none", "selective", "full"]
 
@@ -182,11 +187,11 @@ def _check_router_maps(experts: ExpertShape) -> None:
 
 class MTPLayer(torch.nn.Module):
     """One MTP layer: input_proj([norm(emb(next token)), norm(trunk hidden)]) with the
-    embedding first (DeepSeek-V3, GLM-4.5), or [hidden, embedding] (MiMo) -> one decoder
-    layer (sparse when `experts`) -> final norm. Same input order and position-0 masking as
-    vLLM's drafters of those families, so trained weights serve speculative decoding
-    unchanged. Its router (if any) adds no trunk loss: the draft head trains on the decoupled
-    `mtp` term alone."""
+    embedding first (DeepSeek-V3, GLM-4.5, Qwen3.5), or [hidden, embedding] (MiMo) -> one
+    decoder layer (sparse when `experts`) -> final norm. Same input order and position-0
+    masking as vLLM's drafters of those families, so trained weights serve speculative
+    decoding unchanged. Its router (if any) adds no trunk loss: the draft head trains on the
+    decoupled `mtp` term alone. `zero_centered_norm`: its norms apply (1 + w) (Qwen3.5)."""
 
     def __init__(
         self,
@@ -194,12 +199,19 @@ class MTPLayer(torch.nn.Module):
         layer_number: int,
         embedding_first: bool = False,
         experts: int | None = None,
+        zero_centered_norm: bool = False,
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layernorm_epsilon
+
+        def norm() -> torch.nn.Module:
+            if zero_centered_norm:
+                return ZeroCenteredRMSNorm(config, hidden, eps)
+            return torch.nn.RMSNorm(hidden, eps=eps)
+
         self.embedding_first = embedding_first
-        self.token_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
-        self.hidden_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
+        self.token_layernorm = norm()
+        self.hidden_layernorm = norm()
         # Replicated over TP ranks: its inputs and output gradients are identical on each.
         self.input_proj = torch.nn.Linear(2 * hidden, hidden, bias=False)
         if experts is not None:
@@ -207,11 +219,11 @@ class MTPLayer(torch.nn.Module):
             config.moe_router_load_balancing_type, config.moe_aux_loss_coeff = "none", 0.0
             config.moe_z_loss_coeff = None
         self.decoder_layer = build_module(
-            decoder_layer_spec(qk_layernorm=config.qk_layernorm, experts=experts),
+            decoder_layer_spec(config.qk_layernorm, experts, zero_centered_norm),
             config=config,
             layer_number=layer_number,
         )
-        self.final_layernorm = torch.nn.RMSNorm(hidden, eps=eps)
+        self.final_layernorm = norm()
 
     def forward(
         self,
@@ -262,6 +274,7 @@ class PolicyModel(GPTModel):
         self.recompute = recompute
         mtp_layers = shape.mtp_layers if stage.last else 0
         family = family_of(shape.architecture) if shape.architecture else None
+        self.family = family
         experts = shape.experts.count if shape.experts else None
         self.mtp_layers = torch.nn.ModuleList(
             MTPLayer(
@@ -269,6 +282,7 @@ class PolicyModel(GPTModel):
                 layer_number=shape.layers + i + 1,
                 embedding_first=bool(family and family.mtp_embedding_first),
                 experts=experts,
+                zero_centered_norm=shape.zero_centered_norm,
             )
             for i in range(mtp_layers)
         )
@@ -324,15 +338,18 @@ class PolicyModel(GPTModel):
         [T, H]).
 
         MTP head k (1-based) at row t reads the trunk's pre-norm hidden at t (head 1) or head
-        k-1's output, and the embedding of token t+k = targets[t+k-1]; both are detached, so
-        a draft loss never reaches the trunk. Rows whose t+k leaves the sequence hold
-        garbage that the head loss masks out. The MTP heads run only when `targets` is given
+        k-1's output (final-normed both, for a family whose drafter reads those:
+        `Family.mtp_normed_hidden`), and the embedding of token t+k = targets[t+k-1]; both are
+        detached, so a draft loss never reaches the trunk. Rows whose t+k leaves the sequence
+        hold garbage that the head loss masks out. The MTP heads run only when `targets` is given
         (never under context parallelism: row t+k may sit on another rank). `shard` as in
         `stage_hidden`.
         """
         hidden, rows = self._decoder(input_ids, position_ids, cu_seqlens, shard)
         final = self.decoder.final_layernorm(hidden)
-        return final[:, 0], self._mtp_hidden(hidden, targets, position_ids, rows)
+        normed_input = bool(self.family and self.family.mtp_normed_hidden)
+        mtp_input = final if normed_input else hidden
+        return final[:, 0], self._mtp_hidden(mtp_input, targets, position_ids, rows)
 
     def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
         shard = shard or TokenShard(0, 1, input_ids.numel())
@@ -345,6 +362,7 @@ class PolicyModel(GPTModel):
         rows = PackedRows.of(
             packed_attention_mask(cu_seqlens, lengths, shard, input_ids.device),
             table.to(position_ids.device)[position_ids],
+            cu_seqlens,
         )
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
@@ -369,15 +387,19 @@ class PolicyModel(GPTModel):
     def _mtp_hidden(self, trunk_hidden, targets, position_ids, rows) -> list[torch.Tensor]:
         if targets is None:
             return []
+        family = self.family
+        zero_first = family is None or family.mtp_zero_first_embedding
+        chain_normed = bool(family and family.mtp_normed_hidden)
         previous = trunk_hidden.detach()
         outputs = []
         for k, layer in enumerate(self.mtp_layers):
             next_tokens = torch.roll(targets, shifts=-k)
             with torch.no_grad():
                 emb = self.embedding(input_ids=next_tokens[None], position_ids=position_ids[None])
-                # vLLM's MTP drafters zero the token embedding at position 0: do the same.
-                emb = emb.masked_fill((position_ids == 0)[:, None, None], 0.0)
-            previous, normed = layer(previous, emb, rows)
+                if zero_first:  # as the family's vLLM drafter does
+                    emb = emb.masked_fill((position_ids == 0)[:, None, None], 0.0)
+            out, normed = layer(previous, emb, rows)
+            previous = normed if chain_normed else out
             outputs.append(normed[:, 0])
         return outputs
 
@@ -419,35 +441,66 @@ class SwiGLUActivation(torch.nn.Module):
         return self.swiglu(fc1_out)
 
 
-def decoder_layer_spec(qk_layernorm: bool = False, experts: int | None = None) -> ModuleSpec:
+def decoder_layer_spec(
+    qk_layernorm: bool = False,
+    experts: int | None = None,
+    zero_centered_norm: bool = False,
+    linear_attention: LinearAttentionShape | None = None,
+) -> ModuleSpec:
     """Megatron-core's local transformer layer, with per-head q/k RMSNorms if `qk_layernorm`
     (`ModelShape.megatron_layer_options`), its core attention packed (flash-class on CUDA) and
     context-parallel; its MLP dense, with the activation a kernel where the config asks for
     one, or with `experts` a megatron-core MoE layer whose routed experts are
-    `GroupedExperts`."""
+    `GroupedExperts`. `zero_centered_norm`: its RMSNorms apply (1 + w) (Qwen3.5);
+    `linear_attention`: a Gated DeltaNet of those sizes in the attention's place."""
     spec = get_gpt_layer_local_spec(
         num_experts=experts, normalization="RMSNorm", qk_layernorm=qk_layernorm
     )
-    spec.submodules.self_attention.submodules.core_attention = PackedAttention
+    layer = spec.submodules
+    layer.self_attention.submodules.core_attention = PackedAttention
+    if zero_centered_norm:
+        layer.input_layernorm = layer.pre_mlp_layernorm = ZeroCenteredRMSNorm
+        if qk_layernorm:
+            attention = layer.self_attention.submodules
+            attention.q_layernorm = attention.k_layernorm = ZeroCenteredRMSNorm
+    if linear_attention is not None:
+        layer.self_attention = ModuleSpec(
+            module=PackedGatedDeltaNet, params={"linear": linear_attention}
+        )
     if experts is None:
-        spec.submodules.mlp.submodules.activation_func = SwiGLUActivation
+        layer.mlp.submodules.activation_func = SwiGLUActivation
     else:
-        spec.submodules.mlp.module = TensorParallelMoELayer
-        spec.submodules.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
+        layer.mlp.module = TensorParallelMoELayer
+        layer.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
     return spec
 
 
 def stage_layer_specs(shape: ModelShape, stage: PipelineStage) -> TransformerBlockSubmodules:
-    """The layer spec of each decoder layer of `stage`: sparse layers (`shape.is_moe_layer`)
-    carry the experts, dense ones the dense MLP."""
+    """The layer spec of each decoder layer of `stage`, by whole-model layer index: sparse
+    layers (`shape.is_moe_layer`) carry the experts, dense ones the dense MLP; a hybrid
+    model's linear-attention layers (`shape.is_linear_attention_layer`) a Gated DeltaNet."""
     qk = shape.megatron_layer_options()["qk_layernorm"]
     count = shape.experts.count if shape.experts else None
     layers = range(stage.layer_offset, stage.layer_offset + stage.layers_per_stage)
-    specs = [decoder_layer_spec(qk, count if shape.is_moe_layer(i) else None) for i in layers]
-    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=LayerNormImpl)
+    specs = [
+        decoder_layer_spec(
+            qk,
+            count if shape.is_moe_layer(i) else None,
+            shape.zero_centered_norm,
+            shape.linear_attention if shape.is_linear_attention_layer(i) else None,
+        )
+        for i in layers
+    ]
+    norm = ZeroCenteredRMSNorm if shape.zero_centered_norm else LayerNormImpl
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=norm)
 
 
-_QK_NORMS = ("self_attention.q_layernorm.weight", "self_attention.k_layernorm.weight")
+# Per-head norms: one weight over each head, each tp rank normalising only its own heads.
+_QK_NORMS = (
+    "self_attention.q_layernorm.weight",
+    "self_attention.k_layernorm.weight",
+    "self_attention.out_norm.weight",  # a Gated DeltaNet's output norm, per value head
+)
 
 
 def sum_partial_grads(model: PolicyModel, tp_group: torch.distributed.ProcessGroup | None) -> None:
@@ -466,7 +519,8 @@ def sum_partial_grads(model: PolicyModel, tp_group: torch.distributed.ProcessGro
     params = [
         p
         for n, p in model.named_parameters()
-        if (model.shape.qk_norm and n.endswith(_QK_NORMS)) or getattr(p, "sequence_parallel", False)
+        if ((model.shape.qk_norm or model.shape.linear_attention) and n.endswith(_QK_NORMS))
+        or getattr(p, "sequence_parallel", False)
     ]
     grads = [p.main_grad if hasattr(p, "main_grad") else p.grad for p in params]
     grads = [g for g in grads if g is not None]
@@ -507,6 +561,8 @@ def load_policy_model(
     `ep` = (rank, size)'s experts, with `recompute` (see transformer_config), `moe`'s router
     losses and the fusions of a CUDA device."""
     fused = torch.device(device).type == "cuda"
+    if fused and shape.linear_attention is not None:
+        require_gdn_kernels()  # fla's kernels, named in the error, before any weight loads
     model = PolicyModel(shape, stage, recompute, dtype, fused, moe).to(device=device, dtype=dtype)
     _keep_router_biases_float32(model)
     weights = hf_to_megatron(

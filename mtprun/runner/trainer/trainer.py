@@ -297,10 +297,14 @@ class Trainer:
         return {g.name: (g.optimizer, g.scheduler) for g in self.groups}
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's model shards, optimizer, scheduler and step (for checkpoints).
+        """This process's model shards (with LoRA its adapters alone: the frozen base is the
+        folder the stage starts from), optimizer, scheduler and step (for checkpoints).
         Like torch's state_dict it references live tensors: save or copy it before stepping."""
+        model = self.model.state_dict()
+        if self.recipe.model.lora is not None:
+            model = {name: t for name, t in model.items() if is_adapter(name)}
         return {
-            "model": self.model.state_dict(),
+            "model": model,
             "optimizers": {n: opt.state_dict() for n, (opt, _) in self._optimizers().items()},
             "schedulers": {
                 n: sched.state_dict() for n, (_, sched) in self._optimizers().items() if sched
@@ -315,7 +319,17 @@ class Trainer:
                 f"the checkpoint has optimizers {saved} but this recipe makes "
                 f"{sorted(optimizers)}; was mtp.separate_optimizer changed?"
             )
-        self.model.load_state_dict(state["model"])
+        if self.recipe.model.lora is None:
+            self.model.load_state_dict(state["model"])
+        else:  # the adapters; the base is the one this trainer loaded
+            loaded = self.model.load_state_dict(state["model"], strict=False)
+            missing = [name for name in loaded.missing_keys if is_adapter(name)]
+            if missing or loaded.unexpected_keys:
+                raise ValueError(
+                    f"the checkpoint's adapters do not fit this recipe's model.lora: missing "
+                    f"{missing[:3]}, unexpected {loaded.unexpected_keys[:3]}; was model.lora "
+                    "changed?"
+                )
         for name, (optimizer, scheduler) in optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])
             if scheduler is not None:

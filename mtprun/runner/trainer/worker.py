@@ -12,7 +12,12 @@ import torch
 from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.runner.net import free_port
-from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.run.export import (
+    ADAPTER_FOLDER,
+    HF_FOLDER,
+    save_hf_folder,
+    save_peft_adapter,
+)
 
 
 class TrainerWorker:
@@ -67,11 +72,20 @@ class TrainerWorker:
         model = self.reference if reference else self.trainer
         return model.logprobs(batches)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Full HF-named weights (gathered over TP and pipeline stages); only rank 0 returns
-        them."""
-        weights = self.trainer.hf_state_dict()
-        return weights if self.rank == 0 else None
+    def sync_weights(self) -> tuple[dict[str, torch.Tensor] | None, int]:
+        """Every rank gathers what a weight sync moves (`_sync_payload`); rank 0 returns it
+        and its bytes, the other ranks (None, 0)."""
+        weights = self._sync_payload()
+        if self.rank != 0:
+            return None, 0
+        return weights, sum(t.numel() * t.element_size() for t in weights.values())
+
+    def _sync_payload(self) -> dict[str, torch.Tensor]:
+        """The full HF weights, or with LoRA the adapters alone under PEFT's names: the engines
+        serve the frozen base they started from with them. A collective: every rank calls it."""
+        if self.trainer.recipe.model.lora is not None:
+            return self.trainer.adapter_state_dict()
+        return self.trainer.hf_state_dict()
 
     def transfer_address(self) -> tuple[str, int]:
         """Rank 0: where the engines join the weight-transfer group (a TCP store, started on
@@ -89,18 +103,25 @@ class TrainerWorker:
         self.transfer.form(generation, world_size)
 
     def send_weights(self) -> int | None:
-        """Every rank gathers the full HF weights (a collective); rank 0 broadcasts them to
-        the engines and returns the bytes each one received."""
-        weights = self.trainer.hf_state_dict()
+        """Every rank gathers what a weight sync moves (`_sync_payload`); rank 0 broadcasts it
+        to the engines and returns the bytes each one received."""
+        weights = self._sync_payload()
         return self.transfer.group.send(weights) if self.rank == 0 else None
 
     def save(self, folder: str) -> None:
-        """Write this rank's trainer state and (rank 0) the policy as an HF folder."""
+        """Write this rank's trainer state and (rank 0) the policy as an HF folder, and with
+        LoRA its adapters as a PEFT adapter folder on the stage's starting model."""
         target = Path(folder)
         torch.save(self.trainer.state_dict(), target / f"trainer_rank{self.rank}.pt")
         weights = self.trainer.hf_state_dict()
         if self.rank == 0:
-            save_hf_folder(weights, self.model_dir, target / "hf")
+            save_hf_folder(weights, self.model_dir, target / HF_FOLDER)
+        lora = self.trainer.recipe.model.lora
+        if lora is not None:
+            adapters = self.trainer.adapter_state_dict()
+            if self.rank == 0:
+                base = str(self.model_dir.resolve())
+                save_peft_adapter(adapters, lora, base, target / ADAPTER_FOLDER)
 
     def load(self, folder: str) -> int:
         state = torch.load(

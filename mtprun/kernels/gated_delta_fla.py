@@ -1,0 +1,143 @@
+"""CUDA path of `mtprun.kernels.gated_delta`: flash-linear-attention's Triton kernels (package
+`fla-core`, GPU only, imported lazily), with a torch backward where fla's own is unsafe.
+
+fla 0.6.0 refuses the gated delta rule's backward on Hopper (H100/H200) with Triton in
+[3.4.0, 3.7.1): Triton miscompiles its `chunk_bwd_dqkwg` there (fla issue #640; torch 2.8-2.11
+pin Triton 3.4-3.6). Unless fla's TileLang backend can take that kernel, such runs use fla's
+forward and recompute the layer with the torch chunked algorithm in the backward
+(`FlaForwardTorchBackward`): the same gradients, about 10x slower (H200, T = 8192 in 4
+sequences, 16 heads of 128, bf16: 34-38 ms forward + backward, bound by host time, against
+3.6 ms for fla's backward through TileLang); Triton >= 3.7.1 or `pip install tilelang`
+restores fla's backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import warnings
+
+import torch
+
+from mtprun.kernels.gated_delta_torch import chunk_gated_delta_rule_torch
+
+FLA_INSTALL_HINT = (
+    "pip install fla-core==0.6.0 (flash-linear-attention's Triton kernels, "
+    "https://github.com/fla-org/flash-linear-attention)"
+)
+FLA_BACKWARD = "fla"
+TORCH_BACKWARD = "torch (fla's backward is unsafe on Hopper with Triton < 3.7.1, fla #640)"
+
+
+def require_gdn_kernels() -> str:
+    """Fail early, with the package to install, when the CUDA kernels are not importable, and
+    say which backward the gated delta rule will use (`FLA_BACKWARD` or `TORCH_BACKWARD`).
+
+    The trainer calls this before its first step on a CUDA run of a model with Gated DeltaNet
+    layers (and may log the answer); on CPU the torch path needs nothing extra.
+    """
+    try:
+        import fla.modules.causal_conv1d
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "Gated DeltaNet layers (Qwen3.5 linear attention) on CUDA need flash-linear-attention's"
+            f" kernels, which are not importable ({error}); {FLA_INSTALL_HINT}"
+        ) from error
+    return FLA_BACKWARD if fla_backward_is_safe() else TORCH_BACKWARD
+
+
+@functools.cache
+def fla_backward_is_safe() -> bool:
+    """False where fla 0.6.0 raises in the gated backward (Hopper, Triton in [3.4.0, 3.7.1),
+    no TileLang to take the kernel): the same condition as fla's `chunk_bwd_dqkwg` guard."""
+    import fla.utils
+
+    triton_fixed = getattr(fla.utils, "TRITON_ABOVE_3_7_1", False)
+    if not (fla.utils.IS_NVIDIA_HOPPER and fla.utils.TRITON_ABOVE_3_4_0 and not triton_fixed):
+        return True
+    return importlib.util.find_spec("tilelang") is not None
+
+
+def fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Tensor:
+    """fla's chunk_gated_delta_rule on the packed row (batch 1, varlen), or its forward with
+    the torch backward where fla's is unsafe (warned once)."""
+    if require_gdn_kernels() == FLA_BACKWARD or not torch.is_grad_enabled():
+        return _fla_forward(q, k, v, g, beta, cu_seqlens, scale)
+    if not FlaForwardTorchBackward.warned:
+        FlaForwardTorchBackward.warned = True
+        warnings.warn(
+            f"gated delta rule backward: {TORCH_BACKWARD}; upgrade triton to >= 3.7.1 or "
+            "pip install tilelang for fla's faster backward",
+            stacklevel=3,
+        )
+    return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale)
+
+
+def _fla_forward(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Tensor:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    o, _ = chunk_gated_delta_rule(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        g.unsqueeze(0),
+        beta.unsqueeze(0),
+        scale=scale,
+        output_final_state=False,
+        **_fla_varlen(cu_seqlens, q.device),
+    )
+    return o.squeeze(0).to(v.dtype)
+
+
+class FlaForwardTorchBackward(torch.autograd.Function):
+    """o from fla's forward kernels; the gradients from the torch chunked algorithm, recomputed
+    in the backward (float32) and differentiated by autograd.
+
+    Saved for backward: the inputs q, k, v, g, beta and cu_seqlens only (the recomputation's
+    graph lives during this layer's backward alone).
+    """
+
+    warned = False
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, cu_seqlens, scale: float):
+        ctx.save_for_backward(q, k, v, g, beta, cu_seqlens)
+        ctx.scale = scale
+        return _fla_forward(q, k, v, g, beta, cu_seqlens, scale)
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        inputs = ctx.saved_tensors[:5]
+        cu_seqlens = ctx.saved_tensors[5]
+        wanted = ctx.needs_input_grad[:5]
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(w) for x, w in zip(inputs, wanted, strict=True)]
+            o = chunk_gated_delta_rule_torch(*leaves, cu_seqlens.cpu(), ctx.scale)
+            needed = [x for x, w in zip(leaves, wanted, strict=True) if w]
+            grads = iter(torch.autograd.grad(o, needed, grad_o))
+        return (*(next(grads) if w else None for w in wanted), None, None)
+
+
+def fla_causal_conv1d(x, weight, bias, cu_seqlens, activation) -> torch.Tensor:
+    """fla's Triton causal_conv1d on the packed row (batch 1, varlen)."""
+    require_gdn_kernels()
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    y, _ = causal_conv1d(
+        x.unsqueeze(0),
+        weight=weight,
+        bias=bias,
+        activation=activation,
+        **_fla_varlen(cu_seqlens, x.device),
+    )
+    return y.squeeze(0).to(x.dtype)
+
+
+def _fla_varlen(cu_seqlens: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
+    """fla's varlen arguments: int64 boundaries on the device, plus the host copy when the caller
+    has one (fla then plans its chunks without reading the boundaries back from the GPU)."""
+    varlen = {"cu_seqlens": cu_seqlens.to(device, torch.long)}
+    if cu_seqlens.device.type == "cpu":
+        varlen["cu_seqlens_cpu"] = cu_seqlens.long()
+    return varlen
