@@ -33,6 +33,7 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
 
+from mtprun.kernels.fused_norms import gated_rms_norm, l2_normalize, zero_centered_rms_norm
 from mtprun.kernels.gated_delta import causal_conv1d, gated_delta_rule
 from mtprun.models.qwen3_5_shape import LinearAttentionShape
 
@@ -52,9 +53,7 @@ class ZeroCenteredRMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.zeros(hidden_size, dtype=config.params_dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).type_as(x)
+        return zero_centered_rms_norm(x, self.weight, self.eps)
 
 
 class GatedRMSNorm(torch.nn.Module):
@@ -67,15 +66,7 @@ class GatedRMSNorm(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.ones(width, dtype=dtype))
 
     def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        o32 = o.float()
-        normed = (o32 * torch.rsqrt(o32.pow(2).mean(-1, keepdim=True) + self.eps)).to(o.dtype)
-        return (self.weight * normed * F.silu(z.float())).to(o.dtype)
-
-
-def l2norm(x: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(sum x^2 + eps) along the last dim, in float32."""
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
+        return gated_rms_norm(o, z, self.weight, self.eps)
 
 
 class PackedGatedDeltaNet(MegatronModule):
@@ -162,8 +153,8 @@ class PackedGatedDeltaNet(MegatronModule):
             [self.key_dim, self.key_dim, per_key], -1
         )
         # Normalised in float32, then in v's dtype as fla's kernels take them.
-        q = l2norm(q).to(v.dtype).repeat_interleave(self.heads_per_key, dim=1)
-        k = l2norm(k).to(v.dtype).repeat_interleave(self.heads_per_key, dim=1)
+        q = l2_normalize(q, L2NORM_EPS).repeat_interleave(self.heads_per_key, dim=1)
+        k = l2_normalize(k, L2NORM_EPS).repeat_interleave(self.heads_per_key, dim=1)
         v = v.reshape(tokens, self.value_heads, self.value_dim)
         beta = b[:, 0].sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a[:, 0].float() + self.dt_bias.float())
