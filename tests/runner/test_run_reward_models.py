@@ -1,8 +1,9 @@
 """GRPO end to end through the `mtprun` console script (real Ray, vLLM, Megatron-core, MLflow)
-rewarded by reward models the run serves itself: a tiny random-init sequence classifier beside
-the arithmetic rule reward (task.rewards, each logged as reward/<name>), and a tiny random-init
-judge whose replies a regex reads (most of a random model's replies hold no digit: they count
-in reward/errors, and the run goes on)."""
+rewarded by reward models the run serves itself, one run for both kinds: a tiny random-init
+sequence classifier and a tiny random-init judge whose replies a regex reads, beside the
+arithmetic rule reward (task.rewards, each logged as reward/<name>). Most of a random judge's
+replies hold no digit: they count in reward/errors, score reward_on_error, and the run goes
+on."""
 
 from __future__ import annotations
 
@@ -31,42 +32,31 @@ def _recipe(name: str, task: dict) -> dict:
         "losses": [{"kind": "grpo"}],
         "rollout": {"max_tokens": 6},
         "trainer": {"lr": 1e-4, "steps": STEPS, "micro_batch_tokens": 512},
-        "resources": {"num_cpus": 3},  # the trainer, the rollout engine, the reward model
+        # the trainer, the rollout engine, the classifier and the judge: an actor each
+        "resources": {"num_cpus": 4},
     }
 
 
-def test_a_served_classifier_scores_every_rollout(tmp_path_factory, tokenizer) -> None:
+def test_served_reward_models_score_every_rollout_and_unreadable_replies_count(
+    tmp_path_factory, tokenizer, tiny_qwen2_dir
+) -> None:
     folder = tmp_path_factory.mktemp("rm_run")
     build_tiny_classifier(tokenizer, folder / "rm", seed=3)
+    (folder / "judge.txt").write_text("Question: {question}\nAnswer: {completion}\nScore:")
+    judge = {"model": str(tiny_qwen2_dir), "kind": "judge", "prompt": "judge.txt"}
     rewards = [
         {"reward": "arithmetic", "name": "correct"},
         {"model": "rm", "kind": "classifier", "weight": 0.1, "name": "rm"},
+        {**judge, "parse": r"(\d)", "max_tokens": 8, "weight": 0.5, "name": "judge"},
     ]
-    path = write_recipe(folder, _recipe("e2e-reward-model", {"rewards": rewards}))
-    with finished_run(path, prefix="rm") as record:
+    recipe = _recipe("e2e-reward-models", {"rewards": rewards, "reward_on_error": -1.0})
+    with finished_run(write_recipe(folder, recipe), prefix="rm") as record:
         steps = list(range(1, STEPS + 1))
-        for key in ("reward/rm", "reward/correct", "reward/mean", "train/loss"):
+        keys = ("reward/rm", "reward/correct", "reward/mean", "reward/errors", "train/loss")
+        for key in keys:
             assert record.steps(key) == steps, key
-        assert record.values("reward/errors") == [0.0] * STEPS
         # A random head's logits: finite, not all equal to the rule reward's 0/1.
         assert all(abs(v) < 100 for v in record.values("reward/rm"))
-
-
-def test_a_served_judge_run_counts_unreadable_replies(tmp_path_factory, tiny_qwen2_dir) -> None:
-    folder = tmp_path_factory.mktemp("judge_run")
-    (folder / "judge.txt").write_text("Question: {question}\nAnswer: {completion}\nScore:")
-    judge = {
-        "model": str(tiny_qwen2_dir),
-        "kind": "judge",
-        "prompt": "judge.txt",
-        "parse": r"(\d)",
-        "max_tokens": 8,
-    }
-    recipe = _recipe("e2e-judge", {"reward": judge, "reward_on_error": -1.0})
-    with finished_run(write_recipe(folder, recipe), prefix="judge") as record:
-        steps = list(range(1, STEPS + 1))
-        for key in ("reward/mean", "reward/errors", "train/loss"):
-            assert record.steps(key) == steps, key
-        errors = record.values("reward/errors")
-        assert all(0 <= e <= 8 for e in errors)  # 8 episodes a step
-        assert min(record.values("reward/mean")) >= -1.0  # an error scores reward_on_error
+        # Only the judge can fail here: at most the step's 8 episodes, each scored -1 for it.
+        assert all(0 <= e <= 8 for e in record.values("reward/errors"))
+        assert min(record.values("reward/mean")) >= 0.5 * -1.0 + 0.1 * -100

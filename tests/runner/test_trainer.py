@@ -361,8 +361,6 @@ def _assert_same_metrics(one, two):
         ({"pp": 2}, "mimo"),
         ({"pp": 2}, "tied_mimo"),
         ({"cp": 2}, "qwen2"),
-        ({"tp": 2, "cp": 2}, "qwen2"),
-        ({"pp": 2, "cp": 2}, "tied"),
     ],
     ids=[
         "tp2",
@@ -372,8 +370,6 @@ def _assert_same_metrics(one, two):
         "pp2-mtp",
         "pp2-mtp-tied",
         "cp2",
-        "tp2-cp2",
-        "pp2-cp2-tied",
     ],
 )
 def test_parallel_layouts_train_exactly_like_one_process(
@@ -398,13 +394,14 @@ def qwen3_one_process(megatron_tp1, tiny_qwen3_dir, tiny_qwen2_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parallel", [{"pp": 2}, {"cp": 2}, {"dp": 2}], ids=["pp2", "cp2", "dp2"])
+@pytest.mark.parametrize("parallel", [{"pp": 2}], ids=["pp2"])
 def test_qwen3_layouts_train_like_one_process(
     qwen3_one_process, tiny_qwen3_dir, tiny_qwen2_dir, tmp_path, parallel
 ):
-    """Qwen3's per-head q/k norms need nothing of pipeline, context or data parallelism: a
-    stage holds its layers' norms whole, and their gradients are summed over cp and dp like
-    every other weight's (tp, where each rank normalises only its heads: test_qwen3.py).
+    """Qwen3's per-head q/k norms need nothing of pipeline parallelism: a stage holds its
+    layers' norms whole (under cp and dp their gradients are summed like every other weight's,
+    as the Qwen2 layouts above check; tp, where each rank normalises only its heads:
+    test_qwen3.py).
     Three AdamW steps of the RL losses with a distill term, every metric within 1e-4."""
     path = tmp_path / "two.pt"
     two = _train_in_processes(parallel, tiny_qwen3_dir, tiny_qwen2_dir, path, CLIPPED_ADAMW, 3)
