@@ -9,10 +9,14 @@ the GPU's idle gaps with the host op that was running in each (what the GPU wait
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import re
 import tempfile
 import time
+import traceback
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,6 +98,73 @@ def idle_gaps(prof: profile, top: int) -> tuple[float, list[list]]:
     return round(sum(g[0] for g in gaps) / 1e3, 1), rows
 
 
+def summarize(prof: profile, top: int) -> dict:
+    """GPU-busy and idle ms of a profiled step, kernel ms by kind, the `top` kernels, idle
+    gaps and host ops."""
+    kernels = [
+        e
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+        and e.device_type.name == "CUDA"
+        and not getattr(e, "is_user_annotation", False)  # the optimizer's range, not a kernel
+    ]
+    idle_ms, gaps = idle_gaps(prof, top)
+    total = sum(e.device_time_total for e in kernels)
+    kinds: dict[str, float] = {}
+    for e in kernels:
+        kinds[kind_of(e.key)] = kinds.get(kind_of(e.key), 0.0) + e.device_time_total
+    return {
+        "gpu_busy_ms": round(total / 1e3, 1),
+        "gpu_idle_ms": idle_ms,
+        "kinds_ms": {k: round(v / 1e3, 1) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
+        "top": [
+            [e.key[:90], round(e.device_time_total / 1e3, 2), e.count]
+            for e in sorted(kernels, key=lambda e: -e.device_time_total)[:top]
+        ],
+        "idle_gaps": gaps,
+        "ops_top": [  # host ops by the GPU time of the kernels they (and their children) ran
+            [e.key[:80], round(e.device_time_total / 1e3, 2), e.count]
+            for e in sorted(
+                (e for e in prof.key_averages() if e.device_type.name == "CPU"),
+                key=lambda e: -e.device_time_total,
+            )[:top]
+        ],
+        "host_top": [
+            [e.key[:80], round(e.self_cpu_time_total / 1e3, 2), e.count]
+            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+        ],
+    }
+
+
+def sync_sites(step: Callable[[], object], top: int) -> list[list]:
+    """The host-device synchronizations of one `step` (torch's sync debug mode), counted by
+    the innermost frame of mtprun, megatron or fla that asked for them: each empties the GPU's
+    queue, which then idles while the host launches the next kernels."""
+    sites: collections.Counter[str] = collections.Counter()
+    ours = ("mtprun/", "megatron/", "fla/")
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" not in str(message):
+            return  # another warning of the step
+        frames = [f for f in traceback.extract_stack()[:-1] if any(o in f.filename for o in ours)]
+        if not frames:
+            sites[f"{filename}:{lineno}"] += 1
+            return
+        frame = frames[-1]
+        sites[f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"] += 1
+
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings():  # restores showwarning on exit
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            step()
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return [[where, count] for where, count in sites.most_common(top)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, default=2048)
@@ -139,18 +210,6 @@ def main() -> None:
         torch.cuda.synchronize()
     step = min(times[1:] or times)
     body = sum(p.numel() for n, p in trainer.model.named_parameters() if "embedding" not in n)
-    kernels = [
-        e
-        for e in prof.key_averages()
-        if e.device_time_total > 0
-        and e.device_type.name == "CUDA"
-        and not getattr(e, "is_user_annotation", False)  # the optimizer's range, not a kernel
-    ]
-    idle_ms, gaps = idle_gaps(prof, args.top)
-    total = sum(e.device_time_total for e in kernels)
-    kinds: dict[str, float] = {}
-    for e in kernels:
-        kinds[kind_of(e.key)] = kinds.get(kind_of(e.key), 0.0) + e.device_time_total
     result = {
         "seq": args.seq,
         "micro_batch_tokens": args.micro_batch_tokens,
@@ -161,18 +220,7 @@ def main() -> None:
         "mfu": round(mfu(body, spec.hidden, spec.layers, args.seq, args.step_tokens, step), 4),
         "peak_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
         "loss": round(metrics["loss"], 4),
-        "gpu_busy_ms": round(total / 1e3, 1),
-        "gpu_idle_ms": idle_ms,
-        "kinds_ms": {k: round(v / 1e3, 1) for k, v in sorted(kinds.items(), key=lambda x: -x[1])},
-        "top": [
-            [e.key[:90], round(e.device_time_total / 1e3, 2), e.count]
-            for e in sorted(kernels, key=lambda e: -e.device_time_total)[: args.top]
-        ],
-        "idle_gaps": gaps,
-        "host_top": [
-            [e.key[:80], round(e.self_cpu_time_total / 1e3, 2), e.count]
-            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[: args.top]
-        ],
+        **summarize(prof, args.top),
     }
     print(json.dumps(result, indent=1))
     if args.json:

@@ -282,10 +282,15 @@ def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict
             update={"model": recipe.model.model_copy(update={"lora": LoRASection(**lora)})}
         )
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
-    batches = cfg.micro_batches(args.device)
+    # On the host, as the product hands them over: the trainer moves each to the GPU itself
+    # and reads the sequence boundaries from the host copy.
+    batches = cfg.micro_batches("cpu")
     times, loss = time_steps(
         lambda: trainer.train_step(batches)["loss"], args.warmup, args.steps, args.device
     )
+    if args.profile:
+        path = args.profile / f"{cfg.workload}-{cfg.seq}.json"
+        _profile_step(lambda: trainer.train_step(batches), path)
     micro = f"{cfg.micro_tokens} tok x{len(batches)}"
     mixed = ", lengths in [s/2, 3s/2]" if cfg.mixed else ""
     moments = args.optimizer_state if args.dtype == "bfloat16" else "float32"  # CPU: float32
@@ -293,6 +298,20 @@ def run_mtprun(cfg: Config, folder: Path, args: argparse.Namespace, layout: dict
     if args.lora:
         note += f", LoRA r={args.lora} all linear"
     return Measured(times, loss, micro, note)
+
+
+def _profile_step(step: Callable[[], Any], path: Path) -> None:
+    """One more step under torch.profiler, summarized by bench/profile_step.py into `path`."""
+    from profile_step import summarize, sync_sites
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        step()
+        torch.cuda.synchronize()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summary = {**summarize(prof, top=40), "sync_sites": sync_sites(step, top=40)}
+    path.write_text(json.dumps(summary, indent=1))
+    print(f"profile: {path}", flush=True)
 
 
 @contextlib.contextmanager
@@ -638,6 +657,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="per GPU, for MFU")
     parser.add_argument("--model-dir", type=Path, help="keep (and reuse) the model folders here")
     parser.add_argument("--json", type=Path, help="also write every row here")
+    parser.add_argument(
+        "--profile", type=Path,
+        help="one more mtprun step of each row under torch.profiler: DIR/<workload>-<seq>.json",
+    )  # fmt: skip
     args = parser.parse_args()
     cpu = args.cpu_dry_run
     args.device, args.dtype = ("cpu", "float32") if cpu else ("cuda", "bfloat16")

@@ -50,11 +50,16 @@ def gated_delta_rule(
     """Gated delta rule over a packed row.
 
     Args:
-        q, k: [T, H, Dk], l2-normalised along Dk, already repeated to the H value heads.
+        q, k: [T, Hk, Dk], l2-normalised along Dk. Hk may divide the H value heads (grouped
+            value heads, Qwen3.5's 16 key heads to 32 value heads): value head h reads key
+            head h // (H / Hk), as `repeat_interleave(H // Hk, dim=1)` would give it, without
+            the copy.
         v: [T, H, Dv].
         g: [T, H] log decay (<= 0), float32.
         beta: [T, H] write strength, in (0, 1).
-        cu_seqlens: [S+1] int32/int64 sequence boundaries (0, ..., T).
+        cu_seqlens: [S+1] int32/int64 sequence boundaries (0, ..., T). Pass them on the host
+            where the caller has them: the values are then checked, and on CUDA fla plans its
+            chunks from them without reading device memory back (a sync per call otherwise).
         scale: query scale, default Dk**-0.5.
 
     Returns:
@@ -70,6 +75,9 @@ def gated_delta_rule(
         scale = q.shape[-1] ** -0.5
     if q.is_cuda:
         return fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale)
+    groups = v.shape[1] // q.shape[1]
+    if groups > 1:
+        q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, cu_seqlens, scale)
 
 
@@ -119,14 +127,16 @@ def gated_delta_flops(T: int, H: int, Dk: int, Dv: int, chunk: int = CHUNK) -> i
 def _check_gated_delta_inputs(q, k, v, g, beta, cu_seqlens) -> None:
     if q.dim() != 3 or q.shape != k.shape:
         raise ValueError(
-            f"gated_delta_rule: q and k must both be [T, H, Dk], got {tuple(q.shape)} and "
+            f"gated_delta_rule: q and k must both be [T, Hk, Dk], got {tuple(q.shape)} and "
             f"{tuple(k.shape)}"
         )
-    total, heads, _ = q.shape
-    if v.dim() != 3 or v.shape[:2] != (total, heads):
+    total, key_heads, _ = q.shape
+    if v.dim() != 3 or v.shape[0] != total or v.shape[1] % key_heads:
         raise ValueError(
-            f"gated_delta_rule: v must be [T={total}, H={heads}, Dv], got {tuple(v.shape)}"
+            f"gated_delta_rule: v must be [T={total}, H, Dv] with H a multiple of the "
+            f"{key_heads} key heads, got {tuple(v.shape)}"
         )
+    heads = v.shape[1]
     for name, x in (("g", g), ("beta", beta)):
         if x.shape != (total, heads):
             raise ValueError(

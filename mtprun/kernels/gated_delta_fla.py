@@ -113,7 +113,11 @@ class FlaForwardTorchBackward(torch.autograd.Function):
         wanted = ctx.needs_input_grad[:5]
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(w) for x, w in zip(inputs, wanted, strict=True)]
-            o = chunk_gated_delta_rule_torch(*leaves, cu_seqlens.cpu(), ctx.scale)
+            q, k, v, g, beta = leaves
+            groups = v.shape[1] // q.shape[1]  # grouped value heads: fla's own layout
+            if groups > 1:
+                q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
+            o = chunk_gated_delta_rule_torch(q, k, v, g, beta, cu_seqlens.cpu(), ctx.scale)
             needed = [x for x, w in zip(leaves, wanted, strict=True) if w]
             grads = iter(torch.autograd.grad(o, needed, grad_o))
         return (*(next(grads) if w else None for w in wanted), None, None)
@@ -134,10 +138,21 @@ def fla_causal_conv1d(x, weight, bias, cu_seqlens, activation) -> torch.Tensor:
     return y.squeeze(0).to(x.dtype)
 
 
+_last_varlen: list = [None, None]  # [the caller's boundaries, their fla arguments]
+
+
 def _fla_varlen(cu_seqlens: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
     """fla's varlen arguments: int64 boundaries on the device, plus the host copy when the caller
-    has one (fla then plans its chunks without reading the boundaries back from the GPU)."""
+    has one (fla then plans its chunks without reading the boundaries back from the GPU).
+
+    The same boundaries tensor gets the same argument tensors back: fla caches its chunk plans
+    by argument identity (`fla.utils.tensor_cache`), so every layer of a micro batch after the
+    first, forward and backward, reuses the plan instead of building it again.
+    """
+    if _last_varlen[0] is cu_seqlens and _last_varlen[1]["cu_seqlens"].device == device:
+        return _last_varlen[1]
     varlen = {"cu_seqlens": cu_seqlens.to(device, torch.long)}
     if cu_seqlens.device.type == "cpu":
         varlen["cu_seqlens_cpu"] = cu_seqlens.long()
+    _last_varlen[:] = [cu_seqlens, varlen]
     return varlen

@@ -87,3 +87,16 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     scale = expected.abs().max().item() if expected.numel() else 0.0
     error = (actual - expected).abs().max().item() if expected.numel() else 0.0
     return error / scale if scale > 0 else error
+
+
+def grouped_key_heads(inputs: dict[str, torch.Tensor], key_heads: int) -> dict[str, torch.Tensor]:
+    """`inputs` with q and k cut to their first `key_heads` heads (grouped value heads)."""
+    cut = {name: inputs[name][:, :key_heads].contiguous() for name in ("q", "k")}
+    return {**inputs, **cut}
+
+
+def repeat_key_heads(q, k, v, g, beta) -> tuple[torch.Tensor, ...]:
+    """The reference's inputs with q and k repeated to the value heads (value head h reads
+    key head h // groups); a no-op when they already have as many heads."""
+    groups = v.shape[1] // q.shape[1]
+    return q.repeat_interleave(groups, 1), k.repeat_interleave(groups, 1), v, g, beta

@@ -20,9 +20,11 @@ from mtprun.kernels.gated_delta_torch import unit_lower_inverse
 
 from .gated_delta_reference import (
     gated_delta_inputs,
+    grouped_key_heads,
     reference_causal_conv1d,
     reference_gated_delta,
     relative_error,
+    repeat_key_heads,
 )
 
 FLOAT32_TOLERANCE = 1e-5
@@ -50,7 +52,9 @@ def run_both(inputs: dict[str, torch.Tensor], scale: float | None = None):
     ref_leaves = {name: inputs[name].double().requires_grad_() for name in NAMES}
     dk = inputs["q"].shape[-1]
     ref = reference_gated_delta(
-        *(ref_leaves[n] for n in NAMES), cu_seqlens, dk**-0.5 if scale is None else scale
+        *repeat_key_heads(*(ref_leaves[n] for n in NAMES)),
+        cu_seqlens,
+        dk**-0.5 if scale is None else scale,
     )
     ref.backward(grad_out.double())
     ours = {"o": out, **{name: leaves[name].grad for name in NAMES}}
@@ -64,6 +68,17 @@ def test_forward_and_gradients_match_float64_recurrence(case: str) -> None:
     inputs = gated_delta_inputs(lengths, heads, dk, dv, seed=len(case))
     ours, expected = run_both(inputs)
     assert ours["o"].dtype == torch.float32
+    for name, value in ours.items():
+        error = relative_error(value, expected[name])
+        assert error < FLOAT32_TOLERANCE, f"{name}: relative error {error:.2e}"
+
+
+def test_grouped_value_heads_read_their_key_head() -> None:
+    """q, k at 2 key heads for 4 value heads: value head h reads key head h // 2, the same as
+    repeating q and k (whose gradients then sum over each group)."""
+    inputs = grouped_key_heads(gated_delta_inputs([70, 33], heads=4, dk=32, dv=16, seed=21), 2)
+    assert inputs["q"].shape[1] == 2 and inputs["v"].shape[1] == 4
+    ours, expected = run_both(inputs)
     for name, value in ours.items():
         error = relative_error(value, expected[name])
         assert error < FLOAT32_TOLERANCE, f"{name}: relative error {error:.2e}"
@@ -171,10 +186,13 @@ def test_causal_conv1d_without_bias_keeps_dtype() -> None:
 def test_bad_inputs_are_named() -> None:
     inputs = gated_delta_inputs([10, 6], heads=2, dk=8, dv=4, seed=0)
     q, k, v, g, beta, cu_seqlens = (inputs[n] for n in (*NAMES, "cu_seqlens"))
-    with pytest.raises(ValueError, match=r"q and k must both be \[T, H, Dk\]"):
+    with pytest.raises(ValueError, match=r"q and k must both be \[T, Hk, Dk\]"):
         gated_delta_rule(q, k[:, :1], v, g, beta, cu_seqlens)
-    with pytest.raises(ValueError, match=r"v must be \[T=16, H=2, Dv\]"):
+    with pytest.raises(ValueError, match=r"v must be \[T=16, H, Dv\] with H a multiple of"):
         gated_delta_rule(q, k, v[:5], g, beta, cu_seqlens)
+    three = torch.cat([v, v[:, :1]], 1)  # 3 value heads on 2 key heads
+    with pytest.raises(ValueError, match=r"multiple of the 2 key heads, got \(16, 3, 4\)"):
+        gated_delta_rule(q, k, three, g, beta, cu_seqlens)
     with pytest.raises(ValueError, match=r"beta must be \[T=16, H=2\]"):
         gated_delta_rule(q, k, v, g, beta[:, :1], cu_seqlens)
     with pytest.raises(ValueError, match="cu_seqlens must run from 0 to T=16"):

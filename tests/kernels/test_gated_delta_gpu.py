@@ -1,7 +1,8 @@
 """flash-linear-attention's kernels behind `mtprun.kernels.gated_delta` on a CUDA GPU, against
 the float64 references: the gated delta rule forward and every input's gradient, causal conv
 forward and gradients, bf16 and float32, packed rows (sequences shorter than a chunk, exactly a
-chunk, an empty one, a long one), boundaries on the host or the device. Skipped without a GPU;
+chunk, an empty one, a long one), boundaries on the host or the device, grouped value heads
+(fla's own and the torch-backward fallback's). Skipped without a GPU;
 needs torch, triton, fla-core, pytest. Measured errors print with `-s`."""
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from mtprun.kernels.gated_delta_torch import chunk_gated_delta_rule_torch
 
 from .gated_delta_reference import (
     gated_delta_inputs,
+    grouped_key_heads,
     reference_causal_conv1d,
     reference_gated_delta,
     relative_error,
+    repeat_key_heads,
 )
 
 pytestmark = pytest.mark.gpu
@@ -65,7 +68,9 @@ def run_gdn(inputs: dict[str, torch.Tensor], cu_seqlens: torch.Tensor, function)
     out.backward(grad_out.cuda())
     ref_leaves = {n: inputs[n].cuda().double().requires_grad_() for n in NAMES}
     dk = inputs["q"].shape[-1]
-    ref = reference_gated_delta(*(ref_leaves[n] for n in NAMES), cu_seqlens.cpu(), dk**-0.5)
+    ref = reference_gated_delta(
+        *repeat_key_heads(*(ref_leaves[n] for n in NAMES)), cu_seqlens.cpu(), dk**-0.5
+    )
     ref.backward(grad_out.cuda().double())
     errors = {"o": relative_error(out, ref)}
     return errors | {n: relative_error(leaves[n].grad, ref_leaves[n].grad) for n in NAMES}
@@ -89,10 +94,28 @@ def test_fla_gated_delta_matches_float64_recurrence(
 
 
 @pytest.mark.parametrize("dtype_name", sorted(DTYPES))
-def test_fla_forward_torch_backward_matches_float64_recurrence(dtype_name: str) -> None:
+def test_fla_grouped_value_heads_match_float64_recurrence(dtype_name: str) -> None:
+    """Qwen3.5's layout: 2 key heads for 4 value heads (value head h reads key head h // 2)."""
+    dtype = DTYPES[dtype_name]
+    inputs = gated_delta_inputs([5, 64, 300], heads=4, dk=128, dv=128, seed=13, dtype=dtype)
+    inputs = grouped_key_heads(inputs, 2)
+    cu_seqlens = inputs.pop("cu_seqlens")
+    errors = run_gdn(inputs, cu_seqlens, gated_delta_rule)
+    print(f"gdn grouped {dtype_name}:", {n: f"{e:.1e}" for n, e in errors.items()})
+    for name, error in errors.items():
+        assert error < TOLERANCE[dtype], f"{name}: relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("dtype_name", sorted(DTYPES))
+def test_fla_forward_torch_backward_matches_float64_recurrence(
+    dtype_name: str, grouped: bool
+) -> None:
     """The Hopper fallback (fla forward, torch chunked backward) on any GPU."""
     dtype = DTYPES[dtype_name]
     inputs = gated_delta_inputs([5, 64, 0, 300], heads=4, dk=128, dv=128, seed=9, dtype=dtype)
+    if grouped:
+        inputs = grouped_key_heads(inputs, 2)
     cu_seqlens = inputs.pop("cu_seqlens")
 
     def fallback(q, k, v, g, beta, cu_seqlens):

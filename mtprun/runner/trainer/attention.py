@@ -202,7 +202,8 @@ class PackedRows:
     ([T_local, 1, 1, d] float32, Megatron's table indexed by position id; computed once per
     micro batch, not per layer). Passed as the layer's attention mask, with no rotary table,
     so that Megatron's unfused RoPE does not run. `cu_seqlens`: the row's sequence
-    boundaries, for token mixers that run along each sequence (Gated DeltaNet layers)."""
+    boundaries on the host, for token mixers that run along each sequence (Gated DeltaNet
+    layers: their kernels plan from host boundaries without a device read)."""
 
     mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans
     cos: torch.Tensor

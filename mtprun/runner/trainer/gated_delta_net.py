@@ -13,7 +13,7 @@ at every sequence start of the packed row (`PackedRows.cu_seqlens`).
 Per token t, on this rank's Hk key heads and Hv = r Hk value heads (r value heads per key head):
 
     [q, k, v] = silu(causal_conv1d(in_proj_qkv(x)))      q, k: [Hk, Dk]; v: [Hv, Dv]
-    q, k      = l2norm(q), l2norm(k), each repeated r times to the value heads
+    q, k      = l2norm(q), l2norm(k), key head h // r serving value head h (in the kernel)
     beta      = sigmoid(in_proj_b(x));   g = -exp(A_log) softplus(in_proj_a(x) + dt_bias)
     o         = gated_delta_rule(q, k, v, g, beta)       [Hv, Dv], scale Dk^-1/2
     y         = out_proj(rmsnorm(o) w * silu(in_proj_z(x)))   (rmsnorm per value head)
@@ -152,9 +152,10 @@ class PackedGatedDeltaNet(MegatronModule):
         q, k, v = qkv.view(tokens, self.key_heads, -1).split(
             [self.key_dim, self.key_dim, per_key], -1
         )
-        # Normalised in float32, then in v's dtype as fla's kernels take them.
-        q = l2_normalize(q, L2NORM_EPS).repeat_interleave(self.heads_per_key, dim=1)
-        k = l2_normalize(k, L2NORM_EPS).repeat_interleave(self.heads_per_key, dim=1)
+        # Normalised in float32, then in v's dtype as fla's kernels take them; each key head
+        # serves its group of value heads inside the kernel (no repeated copy).
+        q = l2_normalize(q, L2NORM_EPS)
+        k = l2_normalize(k, L2NORM_EPS)
         v = v.reshape(tokens, self.value_heads, self.value_dim)
         beta = b[:, 0].sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a[:, 0].float() + self.dt_bias.float())

@@ -2,8 +2,9 @@
 
 The policy's weights are bf16 (what the GPU computes with). Megatron-core's DDP gives every
 parameter a float32 `main_grad` in one contiguous buffer; the linear layers' weight-gradient
-GEMMs accumulate into it directly (`apex_standins`), the other parameters' bf16 gradients are
-added as soon as they are produced. DDP sums the buffer over the data-parallel x
+GEMMs accumulate into it directly (`apex_standins`), the token embedding adds its micro batch's
+rows into it (`embedding_grad`), the other parameters' bf16 gradients are added as soon as they
+are produced. DDP sums the buffer over the data-parallel x
 context-parallel ranks once per step (the trainer's losses are already weighted by each
 share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-scattered so
 that each rank keeps the slice it steps. Megatron-core's distributed optimizer keeps float32
@@ -37,6 +38,7 @@ from mtprun.runner.trainer.apex_standins import (
     accumulate_wgrad_in_main_grad,
     use_foreach_multi_tensor_ops,
 )
+from mtprun.runner.trainer.embedding_grad import accumulate_embedding_grad_in_main_grad
 from mtprun.runner.trainer.optim import lr_factor
 from mtprun.spec.trainer import TrainerSection
 
@@ -67,6 +69,7 @@ class MegatronMixedPrecision:
             module=model,
         )
         accumulate_wgrad_in_main_grad(model)  # after DDP: it gives each weight main_grad
+        accumulate_embedding_grad_in_main_grad(model)
         use_foreach_multi_tensor_ops()
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(

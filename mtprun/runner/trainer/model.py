@@ -353,7 +353,10 @@ class PolicyModel(GPTModel):
 
     def _decoder(self, input_ids, position_ids, cu_seqlens, shard):
         shard = shard or TokenShard(0, 1, input_ids.numel())
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()  # one host read, two uses
+        # The token mixers that run along each sequence (Gated DeltaNet) take the boundaries
+        # on the host: a device copy is read back here once, not in every layer.
+        host_cu_seqlens = cu_seqlens.cpu()
+        lengths = (host_cu_seqlens[1:] - host_cu_seqlens[:-1]).tolist()
         _check_sequence_lengths(lengths, self.max_sequence_length)
         # The rotary table may sit on the CPU (Megatron keeps inv_freq off the module state).
         # packed_seq: rows are indexed by position id here, so Megatron must not cut the
@@ -362,7 +365,7 @@ class PolicyModel(GPTModel):
         rows = PackedRows.of(
             packed_attention_mask(cu_seqlens, lengths, shard, input_ids.device),
             table.to(position_ids.device)[position_ids],
-            cu_seqlens,
+            host_cu_seqlens,
         )
         if self.pre_process:
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])

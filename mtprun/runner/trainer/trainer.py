@@ -344,7 +344,7 @@ class Trainer:
         if self.routing is not None:
             tokens = int(self._shard(batch).index.numel())
             self.routing.weigh_micro_batch(share, tokens)
-        out = self._stage_forward(batch.to(self.device), self.plan, tokens_per_sequence)
+        out = self._stage_forward(batch, self.plan, tokens_per_sequence)
         if not isinstance(out, HeadLossOutput):
             return out
         # Detached device scalars: reading them here would stall the GPU before backward.
@@ -353,7 +353,7 @@ class Trainer:
         return out.loss * share, report
 
     def _logprob_micro_batch(self, batch: PackedBatch) -> Any:
-        out = self._stage_forward(batch.to(self.device), self._logprob_plan)
+        out = self._stage_forward(batch, self._logprob_plan)
         if not isinstance(out, HeadLossOutput):
             return out
         return out.loss, {"logprobs": out.logprobs.float().cpu()}
@@ -362,13 +362,16 @@ class Trainer:
         self, batch: PackedBatch, plan: HeadPlan, tokens_per_sequence: float | None = None
     ) -> torch.Tensor | HeadLossOutput:
         """This stage's layers on this rank's share of the tokens; on the last stage, the
-        fused head loss on their output (tokens_per_sequence: see HeadInputs.build)."""
+        fused head loss on their output (tokens_per_sequence: see HeadInputs.build).
+        `batch` on the host: its boundaries stay there for the model (no device read back)."""
         from mtprun.kernels import HeadInputs, head_loss
 
+        host_cu_seqlens = batch.cu_seqlens
+        batch = batch.to(self.device)
         shard = self._shard(batch)
         local = shard.take(batch)
         # The attention mask needs the whole row's sequences, the rest the local tokens.
-        inputs = (local.input_ids, local.position_ids, batch.cu_seqlens)
+        inputs = (local.input_ids, local.position_ids, host_cu_seqlens)
         teacher: dict[str, torch.Tensor] = {}
         with self._autocast(), self._replaying(batch, shard):
             if not self.stage.last:

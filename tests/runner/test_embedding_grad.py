@@ -1,0 +1,64 @@
+"""The token embedding's gradient added into its float32 main_grad row by row
+(`embedding_grad`): the same as the dense gradient of `F.embedding`, in float64, repeated tokens
+summed, no gradient left for autograd; through megatron's VocabParallelEmbedding (one rank)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.tensor_parallel import VocabParallelEmbedding
+from megatron.core.transformer import TransformerConfig
+
+from mtprun.runner.trainer.embedding_grad import (
+    EmbeddingIntoMainGrad,
+    accumulate_embedding_grad_in_main_grad,
+)
+
+
+def _dense_grad(ids: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    w = weight.detach().double().requires_grad_()
+    F.embedding(ids, w).backward(grad_out.double())
+    return w.grad
+
+
+def test_rows_are_added_into_main_grad_and_autograd_gets_no_weight_gradient():
+    g = torch.Generator().manual_seed(0)
+    vocab, hidden = 50, 8
+    ids = torch.randint(0, vocab, (3, 17), generator=g)
+    ids[0, :4] = 7  # a repeated token: its rows are summed
+    weight = torch.randn(vocab, hidden, generator=g).requires_grad_()
+    before = torch.randn(vocab, hidden, generator=g)  # earlier micro batches' sum
+    weight.main_grad = before.clone()
+    grad_out = torch.randn(3, 17, hidden, generator=g)
+
+    out = EmbeddingIntoMainGrad.apply(ids, weight)
+    out.backward(grad_out)
+
+    assert torch.equal(out, F.embedding(ids, weight))
+    assert weight.grad is None
+    want = before.double() + _dense_grad(ids, weight, grad_out)
+    torch.testing.assert_close(weight.main_grad.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_megatron_embedding_routed_into_main_grad(megatron_tp1):
+    g = torch.Generator().manual_seed(1)
+    config = TransformerConfig(
+        num_layers=1, hidden_size=16, num_attention_heads=2, use_cpu_initialization=True
+    )
+    embedding = VocabParallelEmbedding(64, 16, init_method=torch.nn.init.normal_, config=config)
+    frozen = VocabParallelEmbedding(64, 16, init_method=torch.nn.init.normal_, config=config)
+    embedding.weight.main_grad = torch.zeros(64, 16)
+    model = torch.nn.ModuleList([embedding, frozen])  # frozen: no main_grad, left as it is
+
+    accumulate_embedding_grad_in_main_grad(model)
+
+    ids = torch.randint(0, 64, (2, 9), generator=g)
+    grad_out = torch.randn(2, 9, 16, generator=g)
+    out = embedding(ids)
+    out.backward(grad_out)
+    assert torch.equal(out.detach(), F.embedding(ids, embedding.weight.detach()))
+    assert embedding.weight.grad is None
+    want = _dense_grad(ids, embedding.weight, grad_out)
+    torch.testing.assert_close(embedding.weight.main_grad.double(), want, rtol=1e-6, atol=1e-6)
+    frozen(ids).sum().backward()
+    assert frozen.weight.grad is not None  # the plain backward
