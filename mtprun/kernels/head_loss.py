@@ -24,7 +24,8 @@ def head_loss(inputs: HeadInputs, *, chunking: Chunking | None = None) -> HeadLo
     grad_mtp_hidden together (mtprun.kernels.tensor_parallel: pass hidden states that did not
     go through Megatron's copy_to_tensor_model_parallel_region).
 
-    Returns loss (0-d float32, differentiable w.r.t. hidden, weight and mtp_hidden), metrics
+    Returns loss (0-d float32, differentiable w.r.t. hidden, weight and mtp_hidden; with
+    inputs.weight_main_grad the weight's gradient goes there instead, see HeadInputs.build), metrics
     (0-d float32 per name of plan.metrics) and logprobs ([N] float32, 0 where masked).
     CUDA tensors run the Triton kernels (`triton_head_loss`, `chunking` ignored).
     """
@@ -93,4 +94,10 @@ class FusedHeadLoss(torch.autograd.Function):
             return None if grad is None else grad.to(like.dtype)
 
         mtp = [cast(g, h) for g, h in zip(grads.mtp_hidden, inputs.mtp_hidden, strict=True)]
-        return None, cast(grads.hidden, inputs.hidden), cast(grads.weight, inputs.weight), *mtp
+        weight_grad = None
+        if inputs.weight_main_grad is not None and grads.weight is not None:
+            # Already times grad_loss = weight_grad_scale (HeadInputs.build's contract).
+            inputs.weight_main_grad.add_(grads.weight)
+        else:
+            weight_grad = cast(grads.weight, inputs.weight)
+        return None, cast(grads.hidden, inputs.hidden), weight_grad, *mtp

@@ -48,6 +48,8 @@ class HeadInputs:
     tp_group: dist.ProcessGroup | None
     vocab_start: int
     vocab_size: int
+    weight_main_grad: torch.Tensor | None = None
+    weight_grad_scale: float = 1.0
 
     @classmethod
     def build(
@@ -68,6 +70,8 @@ class HeadInputs:
         teacher_weight: torch.Tensor | None = None,
         tokens_per_sequence: float | None = None,
         tp_group: dist.ProcessGroup | None = None,
+        weight_main_grad: torch.Tensor | None = None,
+        weight_grad_scale: float = 1.0,
     ) -> HeadInputs:
         """Check the arguments of one head-loss call against `plan`; raise TypeError or
         ValueError naming the argument.
@@ -101,6 +105,12 @@ class HeadInputs:
                        (aggregation_weights).
         tp_group:      vocab-parallel process group (see mtprun.kernels.tensor_parallel for
                        the collectives and who all-reduces grad_hidden).
+        weight_main_grad, weight_grad_scale: a float32 buffer shaped like `weight` (megatron-
+                       core DDP's `main_grad` of the output layer) that takes the weight's
+                       gradient times weight_grad_scale, added in float32 by each gradient
+                       GEMM (no bf16 [V, H] gradient, no separate add); autograd then gets
+                       none for `weight`. The caller must back-propagate the loss times exactly
+                       weight_grad_scale (the trainer's micro-batch share), once.
 
         The checks of the tensors' values (targets inside the vocabulary, cu_seqlens rising
         from 0 to N, finite hidden values in the rows under the mask) are made by `head_loss`
@@ -137,6 +147,7 @@ class HeadInputs:
             plan, teacher_hidden, teacher_weight, hidden, weight
         )
         cu_seqlens = _check_cu_seqlens(cu_seqlens, hidden)
+        _check_main_grad(weight_main_grad, weight)
         return cls(
             plan=plan,
             hidden=hidden,
@@ -152,6 +163,8 @@ class HeadInputs:
             tp_group=tp_group,
             vocab_start=tp_rank * weight.shape[0],
             vocab_size=vocab_size,
+            weight_main_grad=weight_main_grad,
+            weight_grad_scale=weight_grad_scale,
         )
 
     @property
@@ -434,6 +447,20 @@ def _check_weight(weight: torch.Tensor, hidden: torch.Tensor) -> None:
         )
     if weight.dtype != hidden.dtype:
         raise TypeError(f"weight dtype {weight.dtype} differs from hidden dtype {hidden.dtype}")
+
+
+def _check_main_grad(main_grad: torch.Tensor | None, weight: torch.Tensor) -> None:
+    if main_grad is None:
+        return
+    _check_tensor("weight_main_grad", main_grad)
+    if main_grad.shape != weight.shape or main_grad.dtype != torch.float32:
+        raise ValueError(
+            f"weight_main_grad must be float32 {tuple(weight.shape)} (weight's shape), got "
+            f"{main_grad.dtype} {tuple(main_grad.shape)}"
+        )
+    _check_device("weight_main_grad", main_grad, weight)
+    if not weight.requires_grad:
+        raise ValueError("weight_main_grad is given but weight does not require a gradient")
 
 
 def _check_vector(name: str, value: torch.Tensor, hidden: torch.Tensor) -> None:

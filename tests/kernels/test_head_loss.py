@@ -7,10 +7,12 @@ import itertools
 import pytest
 import torch
 
+from mtprun.compiler import HeadPlan
 from mtprun.kernels import Chunking, HeadInputs, head_loss
 
 from .cases import assert_matches_reference, make_problem
 from .reference import reference_head_loss
+from .test_triton_cases import PLANS, assert_weight_grad_goes_into_main_grad, make_batch
 
 ONE_PASS = Chunking()  # tiny vocab: one tile holds it, stats and grads from one GEMM
 # 7 columns per tile and 5 rows per chunk: neither divides V=53 nor N=61.
@@ -262,3 +264,25 @@ def test_calls_weighted_by_their_token_share_add_up_to_the_step(loss_agg):
     torch.testing.assert_close(loss, expected.loss)
     torch.testing.assert_close(split.hidden.grad, whole.hidden.grad)
     torch.testing.assert_close(split.weight.grad, whole.weight.grad)
+
+
+@pytest.mark.parametrize("name", ["sft", "grpo"])
+def test_weight_gradient_goes_into_main_grad(name):
+    plan = HeadPlan.from_losses(PLANS[name])
+    batch = make_batch(3, 0.6, n=40, h=8, v=50)
+    assert_weight_grad_goes_into_main_grad(head_loss, plan, batch)
+
+
+def test_bad_main_grad_is_named():
+    plan = HeadPlan.from_losses(PLANS["sft"])
+    batch = make_batch(4, 0.5, n=10, h=8, v=30)
+    args = {k: batch[k] for k in ("targets", "loss_mask")}
+    for bad, message in [
+        (torch.zeros(30, 8, dtype=torch.float64), r"must be float32 \(30, 8\)"),
+        (torch.zeros(8, 30), r"got torch.float32 \(8, 30\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            HeadInputs.build(plan, batch["hidden"], batch["weight"], weight_main_grad=bad, **args)
+    frozen = batch["weight"].detach()
+    with pytest.raises(ValueError, match="weight does not require a gradient"):
+        HeadInputs.build(plan, batch["hidden"], frozen, weight_main_grad=torch.zeros(30, 8), **args)

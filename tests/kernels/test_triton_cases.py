@@ -4,6 +4,8 @@ so either test module can set TRITON_INTERPRET first."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -173,3 +175,31 @@ def assert_matches_reference(fn, plan: HeadPlan, batch: dict, tol: float, **opti
             assert grad.abs().max() == 0, f"gradient {index} should be zero"
         else:
             assert relative_error(grad, ref_grad) < tol, f"gradient {index}"
+
+
+def assert_weight_grad_goes_into_main_grad(
+    fn, plan: HeadPlan, batch: dict, tol: float | None = None
+) -> None:
+    """With `weight_main_grad` the weight's gradient times weight_grad_scale is added into that
+    buffer (not into weight.grad) for a loss back-propagated times the scale; the other
+    gradients are those of the plain call, scaled. `tol`: relative error allowed (None:
+    float32 rounding; bf16 weights' plain gradient rounds where main_grad does not)."""
+    _, (grad_hidden, grad_weight, *_) = run(fn, plan, batch)
+    scale = 0.37
+    before = torch.randn(batch["weight"].shape, generator=torch.Generator().manual_seed(5))
+    main_grad = before.clone().to(batch["weight"].device)
+    inputs = dataclasses.replace(
+        head_inputs(plan, batch), weight_main_grad=main_grad, weight_grad_scale=scale
+    )
+    batch["hidden"].grad = batch["weight"].grad = None
+    (scale * fn(inputs).loss).backward()
+    assert batch["weight"].grad is None
+    pairs = [
+        (batch["hidden"].grad, scale * grad_hidden),
+        (main_grad.cpu() - before, scale * grad_weight.cpu().float()),
+    ]
+    for got, want in pairs:
+        if tol is None:
+            torch.testing.assert_close(got, want)
+        else:
+            assert relative_error(got, want) < tol

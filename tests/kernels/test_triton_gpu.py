@@ -21,7 +21,13 @@ from mtprun.kernels.triton import triton_head_loss
 from .cases import Problem, make_problem
 from .reference import reference_head_loss
 from .test_head_loss import AGGREGATIONS, COMBINED, SINGLE_TERMS
-from .test_triton_cases import PLANS, assert_matches_reference, head_inputs, make_batch
+from .test_triton_cases import (
+    PLANS,
+    assert_matches_reference,
+    assert_weight_grad_goes_into_main_grad,
+    head_inputs,
+    make_batch,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -160,3 +166,18 @@ def test_non_finite_hidden_is_rejected_only_under_the_mask(value: float) -> None
         batch["hidden"][selected, 3] = value
     with pytest.raises(ValueError, match=f"non-finite values .* 1 row.*first at row {selected}"):
         head_loss(head_inputs(plan, batch))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["sft", "grpo"])
+def test_weight_gradient_goes_into_main_grad_on_gpu(name: str, dtype: torch.dtype) -> None:
+    """bf16 operands accumulate into the float32 main_grad by cuBLAS's float32-output GEMM,
+    over four row chunks."""
+    plan = HeadPlan.from_losses(PLANS[name])
+    batch = make_batch(17, 1.0, dtype=dtype, device="cuda", **SHAPE)
+    chunk_bytes = 100 * SHAPE["v"] * batch["hidden"].element_size() * 4
+
+    def chunked(inputs):
+        return triton_head_loss(inputs, chunk_bytes=chunk_bytes)
+
+    assert_weight_grad_goes_into_main_grad(chunked, plan, batch, tol=TOLERANCE[dtype])

@@ -29,6 +29,7 @@ from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 from .test_triton_cases import (
     PLANS,
     assert_matches_reference,
+    assert_weight_grad_goes_into_main_grad,
     head_inputs,
     make_batch,
     run,
@@ -86,6 +87,12 @@ def test_loss_scale_reaches_gradients() -> None:
     scaled = batch["hidden"].grad.clone()
     _, grads = run(triton_head_loss, plan, batch)
     torch.testing.assert_close(scaled, 3.0 * grads[0])
+
+
+@pytest.mark.parametrize("name", ["sft", "grpo"])
+def test_weight_gradient_goes_into_main_grad(name: str) -> None:
+    plan = HeadPlan.from_losses(PLANS[name])
+    assert_weight_grad_goes_into_main_grad(triton_head_loss, plan, make_batch(9, 0.6, **SHAPE))
 
 
 def test_missing_advantages_is_rejected_with_the_argument_name() -> None:

@@ -80,11 +80,15 @@ def run_chunks(
     need_weight_grad: bool,
     chunk_bytes: int,
     tp_group: dist.ProcessGroup | None,
+    weight_main_grad: torch.Tensor | None = None,
+    weight_grad_scale: float = 1.0,
 ) -> Grads:
     """Values, statistics (written into the groups) and gradients of every group.
 
     teacher_positions[i]: for draft group i, the position of each row's teacher among the
-    policy rows (sorted ascending, as draft rows are).
+    policy rows (sorted ascending, as draft rows are). With `weight_main_grad` (float32, W's
+    shape) W's gradient times `weight_grad_scale` is added into it GEMM by GEMM and
+    Grads.weight stays None.
     """
     vocab_local = weight.shape[0]
     groups = [policy, *drafts]
@@ -156,7 +160,9 @@ def run_chunks(
                 torch.mm(dz, weight, out=grads.students[index][start:stop])
             if need_weight_grad and group.group.trains_weight and stop > start:
                 student = group.student[start:stop]
-                if grads.weight is None:
+                if weight_main_grad is not None:
+                    _add_weight_grad(weight_main_grad, dz, student, weight_grad_scale)
+                elif grads.weight is None:
                     grads.weight = torch.mm(dz.t(), student)
                 else:
                     grads.weight.addmm_(dz.t(), student)
@@ -183,12 +189,25 @@ def run_chunks(
         rows_phase(c, "grad" if sequence_ratio else "all")
         grads_phase(c)
 
-    if need_weight_grad and grads.weight is None:
+    if need_weight_grad and grads.weight is None and weight_main_grad is None:
         grads.weight = torch.zeros_like(weight)
     if tp_group is not None:
         for grad in grads.students:
             all_reduce_(grad, tp_group)
     return grads
+
+
+def _add_weight_grad(
+    main_grad: torch.Tensor, dz: torch.Tensor, student: torch.Tensor, scale: float
+) -> None:
+    """main_grad [V, H] += scale dz[R, V]^T student[R, H], accumulated in float32 (cuBLAS's
+    float32-output GEMM for bf16 operands: the C operand read and written once)."""
+    if dz.dtype == main_grad.dtype:
+        main_grad.addmm_(dz.t(), student, alpha=scale)
+    else:
+        torch.addmm(
+            main_grad, dz.t(), student, alpha=scale, out_dtype=main_grad.dtype, out=main_grad
+        )
 
 
 def _run_draft(

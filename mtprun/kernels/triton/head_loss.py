@@ -55,6 +55,8 @@ def triton_head_loss(
             need_weight_grad=need_weight_grad,
             chunk_bytes=chunk_bytes,
             tp_group=tp_group,
+            weight_main_grad=inputs.weight_main_grad,
+            weight_grad_scale=inputs.weight_grad_scale,
         )
         group_losses = [_group_loss(g) for g in groups]
         loss = sum(group_losses[1:], group_losses[0])

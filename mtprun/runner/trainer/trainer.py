@@ -344,7 +344,7 @@ class Trainer:
         if self.routing is not None:
             tokens = int(self._shard(batch).index.numel())
             self.routing.weigh_micro_batch(share, tokens)
-        out = self._stage_forward(batch, self.plan, tokens_per_sequence)
+        out = self._stage_forward(batch, self.plan, tokens_per_sequence, grad_scale=share)
         if not isinstance(out, HeadLossOutput):
             return out
         # Detached device scalars: reading them here would stall the GPU before backward.
@@ -359,11 +359,17 @@ class Trainer:
         return out.loss, {"logprobs": out.logprobs.float().cpu()}
 
     def _stage_forward(
-        self, batch: PackedBatch, plan: HeadPlan, tokens_per_sequence: float | None = None
+        self,
+        batch: PackedBatch,
+        plan: HeadPlan,
+        tokens_per_sequence: float | None = None,
+        grad_scale: float | None = None,
     ) -> torch.Tensor | HeadLossOutput:
         """This stage's layers on this rank's share of the tokens; on the last stage, the
         fused head loss on their output (tokens_per_sequence: see HeadInputs.build).
-        `batch` on the host: its boundaries stay there for the model (no device read back)."""
+        `batch` on the host: its boundaries stay there for the model (no device read back).
+        `grad_scale`: the factor the caller back-propagates the loss with, when it will: a
+        float32 main_grad of the output layer then takes the layer's gradient directly."""
         from mtprun.kernels import HeadInputs, head_loss
 
         host_cu_seqlens = batch.cu_seqlens
@@ -380,10 +386,12 @@ class Trainer:
             hidden, mtp_hidden = self.model.hidden_states(*inputs, targets=targets, shard=shard)
             if plan.term("distill") is not None:
                 teacher = self.teacher.outputs(*inputs, shard=shard)
+        weight = self.model.output_weight().to(hidden.dtype)
+        main_grad = getattr(weight, "main_grad", None) if weight.requires_grad else None
         head_inputs = HeadInputs.build(
             plan,
             hidden,
-            self.model.output_weight().to(hidden.dtype),
+            weight,
             targets=local.targets,
             loss_mask=local.loss_mask,
             advantages=local.advantages,
@@ -394,6 +402,8 @@ class Trainer:
             mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
             cu_seqlens=local.cu_seqlens,
             tp_group=self.tp_group,
+            weight_main_grad=main_grad if grad_scale is not None else None,
+            weight_grad_scale=1.0 if grad_scale is None else grad_scale,
             **teacher,
         )
         return head_loss(head_inputs)
