@@ -33,6 +33,9 @@ mtprun runs, on N processes and GPUs; the last rank reports (peak: the largest r
         --seq 2048 --micro-batch-tokens 4096                       # issue 25: LoRA vs peft
     python bench/trainer_gpu.py --shape qwen3.5-9b --layers 16 --trainers mtprun,hf \
         --workload sft --seq 2048 --micro-batch-tokens 4096        # issue 27: Qwen3.5
+    python bench/trainer_gpu.py --shape qwen3.5-9b --layers 8 --trainers mtprun \
+        --workload sft --seq 2048 --micro-batch-tokens 4096 --profile $OUT/prof
+        # + one profiled step a row: kernels, idle gaps, host syncs by caller
 
 With `--lora R` every trainer trains LoRA adapters of rank R (alpha 2R, no dropout) on every
 linear layer of the decoder (q/k/v/o, gate/up/down) over frozen bf16 weights: mtprun's

@@ -29,11 +29,11 @@ def _step_grads(model_dir, dtype: str, batches: list) -> dict[str, torch.Tensor]
     recipe = make_recipe(
         model_dir,
         model={"path": str(model_dir), "dtype": dtype},
-        trainer={"lr": 0.0, "weight_decay": 0.0, "grad_clip": None},
+        trainer={"lr": 1e-6, "weight_decay": 0.0, "grad_clip": None},
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cuda")
     assert (trainer.mixed is not None) == (dtype == "bfloat16")
-    trainer.train_step(batches)
+    trainer.train_step(batches)  # its gradients stay until the next step zeroes them
     grads = {}
     for name, param in trainer.model.named_parameters():
         grad = param.main_grad if trainer.mixed is not None else param.grad
