@@ -23,8 +23,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/mtprun recipes/quickstart.yaml
 
+# Two workers, each taking whole test files (module-scoped end-to-end runs stay in one
+# process): the end-to-end runs leave a core idle much of the time on CI's two cores.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check mtprun tests bench
