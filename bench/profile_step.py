@@ -1,6 +1,8 @@
 """Where one trainer step's GPU time goes: torch.profiler over one `Trainer.train_step` of a
 random-init model of Qwen2.5-1.5B's shape, kernels grouped by kind, top kernels listed, and
 the GPU's idle gaps with the host op that was running in each (what the GPU waited for).
+`summarize` and `sync_sites` (the step's host-device synchronizations by the mtprun, megatron
+or fla frame that asked) also serve `bench/trainer_gpu.py --profile` for the other shapes.
 
     python bench/profile_step.py                              # 2048-token sequences
     python bench/profile_step.py --seq 8192 --recompute full --json $OUT/profile.json

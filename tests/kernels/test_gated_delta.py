@@ -220,3 +220,19 @@ def test_missing_fla_names_the_package() -> None:
         pytest.skip("fla is installed here")
     with pytest.raises(ImportError, match=r"pip install fla-core==0\.6\.0"):
         require_gdn_kernels()
+
+
+def test_the_same_boundaries_give_fla_the_same_tensors() -> None:
+    """fla caches its chunk plan by the identity of its arguments: every layer of a micro batch
+    (one host boundaries tensor) gets the same device and host tensors, a new micro batch new
+    ones."""
+    from mtprun.kernels.gated_delta_fla import _fla_varlen
+
+    first = torch.tensor([0, 5, 12], dtype=torch.int32)
+    varlen = _fla_varlen(first, torch.device("cpu"))
+    assert varlen["cu_seqlens"].dtype == torch.int64
+    assert varlen["cu_seqlens_cpu"].tolist() == [0, 5, 12]
+    again = _fla_varlen(first, torch.device("cpu"))
+    assert all(again[name] is varlen[name] for name in varlen)
+    other = _fla_varlen(first.clone(), torch.device("cpu"))
+    assert other["cu_seqlens"] is not varlen["cu_seqlens"]
