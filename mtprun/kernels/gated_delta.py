@@ -75,9 +75,6 @@ def gated_delta_rule(
         scale = q.shape[-1] ** -0.5
     if q.is_cuda:
         return fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale)
-    groups = v.shape[1] // q.shape[1]
-    if groups > 1:
-        q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, cu_seqlens, scale)
 
 

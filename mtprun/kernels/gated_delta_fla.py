@@ -113,11 +113,7 @@ class FlaForwardTorchBackward(torch.autograd.Function):
         wanted = ctx.needs_input_grad[:5]
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(w) for x, w in zip(inputs, wanted, strict=True)]
-            q, k, v, g, beta = leaves
-            groups = v.shape[1] // q.shape[1]  # grouped value heads: fla's own layout
-            if groups > 1:
-                q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
-            o = chunk_gated_delta_rule_torch(q, k, v, g, beta, cu_seqlens.cpu(), ctx.scale)
+            o = chunk_gated_delta_rule_torch(*leaves, cu_seqlens.cpu(), ctx.scale)
             needed = [x for x, w in zip(leaves, wanted, strict=True) if w]
             grads = iter(torch.autograd.grad(o, needed, grad_o))
         return (*(next(grads) if w else None for w in wanted), None, None)

@@ -37,10 +37,14 @@ def chunk_gated_delta_rule_torch(
 
     so the only sequential part is the last three lines, one step per chunk, batched over the
     sequences that still have a chunk at that step (sequences sorted longest first, so those
-    are a prefix). Computes in float32 (float64 if v is), returns v's dtype. Autograd saves the
-    per-chunk tensors of the loop, [S, H, Dk, Dv] states once per chunk step plus the
-    [chunks, H, C, C] intra-chunk matrices.
+    are a prefix). q and k may hold fewer heads than v (grouped value heads: value head h reads
+    key head h // (H / Hk)); they are repeated to v's heads first. Computes in float32 (float64
+    if v is), returns v's dtype. Autograd saves the per-chunk tensors of the loop, [S, H, Dk,
+    Dv] states once per chunk step plus the [chunks, H, C, C] intra-chunk matrices.
     """
+    groups = v.shape[1] // q.shape[1]
+    if groups > 1:
+        q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
     compute = torch.float64 if v.dtype == torch.float64 else torch.float32
     total, heads, dk = k.shape
     dv = v.shape[-1]
