@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mtprun.kernels.accumulate import addmm_into
 from mtprun.kernels.combine import needs_sequence_ratio
 from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.groups import KernelGroup
@@ -161,7 +162,7 @@ def run_chunks(
             if need_weight_grad and group.group.trains_weight and stop > start:
                 student = group.student[start:stop]
                 if weight_main_grad is not None:
-                    _add_weight_grad(weight_main_grad, dz, student, weight_grad_scale)
+                    addmm_into(weight_main_grad, dz.t(), student, alpha=weight_grad_scale)
                 elif grads.weight is None:
                     grads.weight = torch.mm(dz.t(), student)
                 else:
@@ -195,19 +196,6 @@ def run_chunks(
         for grad in grads.students:
             all_reduce_(grad, tp_group)
     return grads
-
-
-def _add_weight_grad(
-    main_grad: torch.Tensor, dz: torch.Tensor, student: torch.Tensor, scale: float
-) -> None:
-    """main_grad [V, H] += scale dz[R, V]^T student[R, H], accumulated in float32 (cuBLAS's
-    float32-output GEMM for bf16 operands: the C operand read and written once)."""
-    if dz.dtype == main_grad.dtype:
-        main_grad.addmm_(dz.t(), student, alpha=scale)
-    else:
-        torch.addmm(
-            main_grad, dz.t(), student, alpha=scale, out_dtype=main_grad.dtype, out=main_grad
-        )
 
 
 def _run_draft(

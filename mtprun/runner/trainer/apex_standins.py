@@ -27,16 +27,15 @@ from megatron.core.optimizer import optimizer as megatron_optimizer
 from megatron.core.tensor_parallel import layers
 from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
 
+from mtprun.kernels.accumulate import addmm_into
+
 
 def _wgrad_accum(input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
     """main_grad [out, in] += grad_output [..., out]^T @ input [..., in], accumulated in
     main_grad's dtype."""
     x = input.reshape(-1, input.shape[-1])
     dy = grad_output.reshape(-1, grad_output.shape[-1])
-    if main_grad.dtype == x.dtype:
-        main_grad.addmm_(dy.t(), x)
-    else:
-        torch.addmm(main_grad, dy.t(), x, out_dtype=main_grad.dtype, out=main_grad)
+    addmm_into(main_grad, dy.t(), x)
 
 
 _TORCH_WGRAD = SimpleNamespace(
