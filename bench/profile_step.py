@@ -103,9 +103,10 @@ def idle_gaps(prof: profile, top: int) -> tuple[float, list[list]]:
 def summarize(prof: profile, top: int) -> dict:
     """GPU-busy and idle ms of a profiled step, kernel ms by kind, the `top` kernels, idle
     gaps and host ops."""
+    averages = prof.key_averages()  # one pass over the trace's events
     kernels = [
         e
-        for e in prof.key_averages()
+        for e in averages
         if e.device_time_total > 0
         and e.device_type.name == "CUDA"
         and not getattr(e, "is_user_annotation", False)  # the optimizer's range, not a kernel
@@ -127,13 +128,13 @@ def summarize(prof: profile, top: int) -> dict:
         "ops_top": [  # host ops by the GPU time of the kernels they (and their children) ran
             [e.key[:80], round(e.device_time_total / 1e3, 2), e.count]
             for e in sorted(
-                (e for e in prof.key_averages() if e.device_type.name == "CPU"),
+                (e for e in averages if e.device_type.name == "CPU"),
                 key=lambda e: -e.device_time_total,
             )[:top]
         ],
         "host_top": [
             [e.key[:80], round(e.self_cpu_time_total / 1e3, 2), e.count]
-            for e in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]
+            for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)[:top]
         ],
     }
 

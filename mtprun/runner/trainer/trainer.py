@@ -387,7 +387,8 @@ class Trainer:
             if plan.term("distill") is not None:
                 teacher = self.teacher.outputs(*inputs, shard=shard)
         weight = self.model.output_weight().to(hidden.dtype)
-        main_grad = getattr(weight, "main_grad", None) if weight.requires_grad else None
+        takes_grad = grad_scale is not None and weight.requires_grad
+        main_grad = getattr(weight, "main_grad", None) if takes_grad else None
         head_inputs = HeadInputs.build(
             plan,
             hidden,
@@ -402,7 +403,7 @@ class Trainer:
             mtp_hidden=mtp_hidden[: len(plan.mtp_depths)] or None,
             cu_seqlens=local.cu_seqlens,
             tp_group=self.tp_group,
-            weight_main_grad=main_grad if grad_scale is not None else None,
+            weight_main_grad=main_grad,
             weight_grad_scale=1.0 if grad_scale is None else grad_scale,
             **teacher,
         )
