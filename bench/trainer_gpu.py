@@ -308,11 +308,15 @@ def _profile_step(step: Callable[[], Any], path: Path) -> None:
     from profile_step import summarize, sync_sites
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = torch.cuda.is_available()  # --cpu-dry-run: no device, no syncs to count
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         step()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
     path.parent.mkdir(parents=True, exist_ok=True)
-    summary = {**summarize(prof, top=40), "sync_sites": sync_sites(step, top=40)}
+    summary = summarize(prof, top=40)
+    if cuda:
+        summary["sync_sites"] = sync_sites(step, top=40)
     path.write_text(json.dumps(summary, indent=1))
     print(f"profile: {path}", flush=True)
 
