@@ -41,13 +41,19 @@ def test_rows_are_added_into_main_grad_and_autograd_gets_no_weight_gradient():
     torch.testing.assert_close(weight.main_grad.double(), want, rtol=1e-6, atol=1e-6)
 
 
-def test_megatron_embedding_routed_into_main_grad(megatron_tp1):
-    g = torch.Generator().manual_seed(1)
+def _embedding(tp_group=None) -> VocabParallelEmbedding:
+    """Megatron's embedding of 64 tokens x 16 on CPU (split over `tp_group` when given)."""
     config = TransformerConfig(
         num_layers=1, hidden_size=16, num_attention_heads=2, use_cpu_initialization=True
     )
-    embedding = VocabParallelEmbedding(64, 16, init_method=torch.nn.init.normal_, config=config)
-    frozen = VocabParallelEmbedding(64, 16, init_method=torch.nn.init.normal_, config=config)
+    return VocabParallelEmbedding(
+        64, 16, init_method=torch.nn.init.normal_, config=config, tp_group=tp_group
+    )
+
+
+def test_megatron_embedding_routed_into_main_grad(megatron_tp1):
+    g = torch.Generator().manual_seed(1)
+    embedding, frozen = _embedding(), _embedding()
     embedding.weight.main_grad = torch.zeros(64, 16)
     model = torch.nn.ModuleList([embedding, frozen])  # frozen: no main_grad, left as it is
 
@@ -74,13 +80,7 @@ def _tp_rank(rank: int, port: int, ids, weight, grad_out, results) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-        config = TransformerConfig(
-            num_layers=1, hidden_size=16, num_attention_heads=2, use_cpu_initialization=True
-        )
-        embedding = VocabParallelEmbedding(
-            64, 16, init_method=torch.nn.init.normal_, config=config,
-            tp_group=parallel_state.get_tensor_model_parallel_group(),
-        )  # fmt: skip
+        embedding = _embedding(parallel_state.get_tensor_model_parallel_group())
         with torch.no_grad():
             embedding.weight.copy_(weight[rank * 32 : (rank + 1) * 32])
         embedding.weight.main_grad = torch.zeros(32, 16)
