@@ -22,6 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtprun.models.expert_shape import ExpertShape, glm4_moe_experts, qwen3_moe_experts
+from mtprun.models.folder_tensors import (
+    MtpTensors,
+    deepseek_mtp_tensors,
+    mimo_mtp_tensors,
+    qwen3_5_mtp_tensors,
+)
 from mtprun.models.qwen3_5_shape import (
     LinearAttentionShape,
     qwen3_5_layer_types,
@@ -68,6 +74,9 @@ class Family:
     # checkpoint whose text model mtprun trains).
     text_config: bool = False
     mtp_layers_key: str = "num_nextn_predict_layers"  # config.json's MTP layer count
+    # The HF names of MTP layer i's own tensors (`mtprun.models.folder_tensors`): a folder
+    # that holds none of them (written by transformers) trains without its MTP layers.
+    mtp_tensors: MtpTensors | None = None
     tiny: str | None = None  # its `model.tiny.architecture` name; None: no tiny builder
     tiny_config: str = "Qwen2Config"  # the transformers config class its tiny builder uses
 
@@ -117,6 +126,7 @@ _QWEN3_5 = {
     "output_gate": True,
     "zero_centered_norm": True,
     "mtp_layers_key": "mtp_num_hidden_layers",
+    "mtp_tensors": qwen3_5_mtp_tensors,
 }
 
 FAMILIES: tuple[Family, ...] = (
@@ -127,6 +137,7 @@ FAMILIES: tuple[Family, ...] = (
         "MiMoForCausalLM",  # and its MTP layers as vLLM's `mtp` drafter
         qkv_bias=_always,
         mtp=True,
+        mtp_tensors=mimo_mtp_tensors,
         converters=(DECODER, "mtprun.models.mimo"),
         tiny="mimo",
     ),
@@ -162,6 +173,7 @@ FAMILIES: tuple[Family, ...] = (
         mtp=True,
         mtp_embedding_first=True,
         mtp_normed_hidden=True,
+        mtp_tensors=deepseek_mtp_tensors,
         experts=glm4_moe_experts,
         converters=(DECODER, "mtprun.models.moe", "mtprun.models.glm_mtp"),
         unconverted=_mtp_copy,

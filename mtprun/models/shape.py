@@ -12,10 +12,11 @@ every consumer then sees it through this one type.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mtprun.models import folder_tensors
 from mtprun.models.expert_shape import ExpertShape
 from mtprun.models.family import SUPPORTED_ARCHITECTURES, TINY_ARCHITECTURES, family_of
 from mtprun.models.qwen3_5_shape import (
@@ -85,6 +86,13 @@ class ModelShape:
     linear_attention: LinearAttentionShape | None = None
     output_gate: bool = False  # attention output * sigmoid(gate from q_proj) (Qwen3.5)
     zero_centered_norm: bool = False  # RMSNorm weights w applied as (1 + w) (Qwen3.5)
+    # MTP layers config.json declares whose own tensors the folder's weights lack
+    # (`with_folder_tensors`): their names. When it lacks all of them (a folder
+    # written by transformers, which drops the MTP layer), `absent_mtp_layers` is the declared
+    # count and `mtp_layers` 0: none is built, trained or exported. Some of them: `mtp_layers`
+    # stays the declared count, and config.json and the weights disagree.
+    missing_mtp_tensors: tuple[str, ...] = ()
+    absent_mtp_layers: int = 0
 
     @classmethod
     def from_hf_config(
@@ -133,7 +141,7 @@ class ModelShape:
             tie_embeddings=bool(config.get(key["tie_embeddings"], False)),
             qkv_bias=family.qkv_bias(config) if family else True,
             qk_norm=family.qk_norm(config) if family else False,
-            # Only a family that trains MTP layers has them (GLM-4.5's is left out for now).
+            # Only a family that trains MTP layers has them.
             mtp_layers=int(config.get(family.mtp_layers_key if family else key["mtp_layers"]) or 0)
             if not family or family.mtp
             else 0,
@@ -163,7 +171,8 @@ class ModelShape:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no config.json; is {model_dir} an HF model folder?")
-        return cls.from_hf_config(json.loads(path.read_text()), source=str(path))
+        shape = cls.from_hf_config(json.loads(path.read_text()), source=str(path))
+        return shape.with_folder_tensors(model_dir)
 
     @classmethod
     def read(cls, model_dir: str | Path) -> ModelShape | None:
@@ -173,9 +182,41 @@ class ModelShape:
         path = Path(model_dir) / "config.json"
         try:
             config = json.loads(path.read_text(encoding="utf-8"))
-            return cls.from_hf_config(config, source=str(path), supported_only=False)
+            shape = cls.from_hf_config(config, source=str(path), supported_only=False)
         except (OSError, ValueError, KeyError, TypeError, ArithmeticError):
             return None
+        return shape.with_folder_tensors(model_dir)
+
+    def with_folder_tensors(self, model_dir: str | Path) -> ModelShape:
+        """This shape (read from `model_dir`'s config.json) against the tensors the folder's
+        weights hold (safetensors headers or index, `mtprun.models.folder_tensors`; nothing is
+        loaded): the declared MTP layers whose own tensors are missing are recorded
+        (`missing_mtp_tensors`), and when every one is missing none is built
+        (`absent_mtp_layers`). Unchanged when the weights are not readable here."""
+        family = family_of(self.architecture) if self.architecture else None
+        if not self.mtp_layers or family is None or family.mtp_tensors is None:
+            return self
+        names = folder_tensors.folder_tensor_names(model_dir)
+        if names is None:
+            return self
+        missing = folder_tensors.missing_mtp_tensors(
+            names, family.mtp_tensors, self.layers, self.mtp_layers
+        )
+        if not missing:
+            return self
+        expected = sum(len(family.mtp_tensors(self.layers, i)) for i in range(self.mtp_layers))
+        if len(missing) < expected:  # some: config.json and the weights disagree
+            return replace(self, missing_mtp_tensors=missing)
+        return replace(
+            self, mtp_layers=0, absent_mtp_layers=self.mtp_layers, missing_mtp_tensors=missing
+        )
+
+    @property
+    def mtp_layers_key(self) -> str:
+        """The config.json key of its MTP layer count (messages name it)."""
+        if self.architecture is None:
+            return HF_CONFIG_KEYS["mtp_layers"]
+        return family_of(self.architecture).mtp_layers_key
 
     @classmethod
     def from_tiny(cls, tiny: TinyModel, vocab: int) -> ModelShape:

@@ -93,6 +93,13 @@ def _mtp_depth_fits_model(r: Recipe) -> Iterator[Issue]:
     for i, term in loss_terms(r):
         if term.kind != "mtp" or term.depth <= shape.mtp_layers:
             continue
+        if shape.absent_mtp_layers:
+            yield Issue(
+                ("losses", i, "kind"),
+                "an mtp term trains the model's MTP layers, and "
+                + _absent_mtp(shape, "remove the mtp term"),
+            )
+            continue
         yield Issue(
             ("losses", i, "depth"),
             f"mtp depth {term.depth} exceeds the model's MTP layers ({shape.mtp_layers}); "
@@ -106,7 +113,13 @@ def _speculative_needs_mtp(r: Recipe) -> Iterator[Issue]:
     if spec is None or spec.method != "mtp" or shape is None:
         return
     where = ("rollout", "speculative")
-    if shape.mtp_layers == 0:
+    if shape.absent_mtp_layers:
+        yield Issue(
+            (*where, "method"),
+            "speculative method 'mtp' drafts with the model's MTP layers, and "
+            + _absent_mtp(shape, "remove rollout.speculative (or draft with method: ngram)"),
+        )
+    elif shape.mtp_layers == 0:
         yield Issue(
             (*where, "method"),
             "speculative method 'mtp' drafts with the model's MTP layers, and it has none; "
@@ -187,6 +200,57 @@ def _router_replay_needs_rl_on_experts(r: Recipe) -> Iterator[Issue]:
             "router_replay replays the routing of a mixture-of-experts model, and the policy is "
             "dense (no experts): remove it or train an MoE model",
         )
+
+
+def _missing(names: tuple[str, ...], shown: int = 4) -> str:
+    more = f", ... ({len(names)} in all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _absent_mtp(shape: ModelShape, or_else: str) -> str:
+    """Why a folder whose weights lack its MTP layers cannot train or draft with them, and
+    what to change."""
+    layers = shape.absent_mtp_layers
+    return (
+        f"{shape.config_path} declares {layers} MTP layer(s) ({shape.mtp_layers_key}) but the "
+        f"folder's weights hold none of their tensors (missing "
+        f"{_missing(shape.missing_mtp_tensors)}): "
+        "transformers neither builds nor saves the MTP layer, so a folder it wrote (a TRL or "
+        "PEFT-merged fine-tune, any save_pretrained) lacks it. Start from a folder that holds "
+        f"the MTP layer (the released checkpoint's weights), or {or_else}"
+    )
+
+
+@rule("model", "losses", "rollout")
+def _mtp_tensors_in_folder(r: Recipe) -> Iterator[Issue]:
+    # Read from the safetensors headers (no weight load): a folder that lacks some of the MTP
+    # layers its config.json declares cannot load; one that lacks all of them trains without
+    # them (the mtp term and MTP drafting are refused where they are set).
+    shape = _policy(r)
+    if shape is None or not shape.missing_mtp_tensors:
+        return
+    missing = _missing(shape.missing_mtp_tensors)
+    if not shape.absent_mtp_layers:
+        yield Issue(
+            ("model", "path"),
+            f"{shape.config_path} declares {shape.mtp_layers} MTP layer(s) "
+            f"({shape.mtp_layers_key}) but the folder's weights hold only some of their "
+            f"tensors (missing {missing}): config.json and the weights disagree",
+        )
+        return
+    needed = any(term.kind == "mtp" for _, term in loss_terms(r))
+    speculative = r.rollout.speculative
+    if needed or (speculative is not None and speculative.method == "mtp"):
+        return  # refused at the term or at rollout.speculative
+    yield Issue(
+        ("model", "path"),
+        f"{shape.config_path} declares {shape.absent_mtp_layers} MTP layer(s) "
+        f"({shape.mtp_layers_key}) but the folder's weights hold none of their tensors (missing "
+        f"{missing}; transformers drops the MTP layer): the trainer builds no MTP layer, and "
+        "exports write config.json as read with the tensors trained; an mtp term or "
+        "rollout.speculative method: mtp would need a folder that holds them",
+        "warning",
+    )
 
 
 def _more_mtp_layers(shape: ModelShape, setting: str) -> str:

@@ -16,6 +16,7 @@ the micro batches.
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ from mtprun.runner.trainer.routing import RouterStats
 from mtprun.runner.trainer.teacher import Teacher
 from mtprun.spec.recipe import Recipe
 
+log = logging.getLogger("mtprun")
+
 
 class Trainer:
     """Train the policy of `model_dir` (an HF folder) on packed batches with `plan`.
@@ -90,12 +93,7 @@ class Trainer:
                 f"{self.tp_size}; compile it from the same recipe"
             )
         self.shape = ModelShape.from_model_dir(model_dir)
-        if max(plan.mtp_depths, default=0) > self.shape.mtp_layers:
-            raise ValueError(
-                f"losses: an mtp term of depth {max(plan.mtp_depths)} needs a model with at "
-                f"least that many MTP layers, and {model_dir} has {self.shape.mtp_layers} "
-                "(set model.tiny.architecture: mimo and model.tiny.mtp_layers)"
-            )
+        _check_mtp_layers(self.shape, plan, model_dir)
         self.stage = PipelineStage(
             parallel_state.get_pipeline_model_parallel_rank(),
             parallel_state.get_pipeline_model_parallel_world_size(),
@@ -516,6 +514,31 @@ def _trained_sequences(batch: PackedBatch) -> int:
     trained = batch.loss_mask.long().cumsum(0)
     trained_before = torch.cat([trained.new_zeros(1), trained])
     return int((trained_before[bounds[1:]] > trained_before[bounds[:-1]]).sum())
+
+
+def _check_mtp_layers(shape: ModelShape, plan: HeadPlan, model_dir: Path) -> None:
+    """Refuse mtp terms deeper than the MTP layers the trainer builds; say when the folder's
+    config.json declares MTP layers whose tensors its weights lack (none is built then)."""
+    depth = max(plan.mtp_depths, default=0)
+    if shape.absent_mtp_layers:
+        missing = ", ".join(shape.missing_mtp_tensors[:4])
+        why = (
+            f"{model_dir}'s config.json declares {shape.absent_mtp_layers} MTP layer(s) "
+            f"({shape.mtp_layers_key}) but its weights hold none of their tensors ({missing}, "
+            "...; transformers drops the MTP layer)"
+        )
+        if depth:
+            raise ValueError(
+                f"losses: an mtp term trains the model's MTP layers, and {why}: start from a "
+                "folder that holds the MTP layer, or remove the mtp term"
+            )
+        log.info("%s: the MTP layers are not built; exports carry config.json as read", why)
+    if depth > shape.mtp_layers:
+        raise ValueError(
+            f"losses: an mtp term of depth {depth} needs a model with at least that many MTP "
+            f"layers, and {model_dir} has {shape.mtp_layers} (set model.tiny.architecture: "
+            "mimo and model.tiny.mtp_layers)"
+        )
 
 
 def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
