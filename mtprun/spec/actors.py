@@ -34,6 +34,8 @@ class ActorDemand:
     cpus_per_actor: float
     gpus_per_actor: float
     reward_models: int = 0
+    # resources.placement colocate: each engine shares its trainer rank's GPU.
+    colocated: bool = False
 
     @classmethod
     def of(cls, recipe: RecipeSections) -> ActorDemand:
@@ -46,6 +48,7 @@ class ActorDemand:
             res.cpus_per_actor,
             res.gpus_per_actor,
             reward_models,
+            colocated=res.placement == "colocate" and engines > 0,
         )
 
     def per_actor(self, resource: Resource) -> float:
@@ -53,6 +56,8 @@ class ActorDemand:
 
     def need(self, resource: Resource) -> float:
         actors = self.trainer_ranks + self.engines + self.reward_models
+        if resource == "GPU" and self.colocated:
+            actors -= self.engines  # on the trainer ranks' GPUs
         return actors * self.per_actor(resource)
 
     def short_of(self, have: dict[str, float]) -> list[Resource]:

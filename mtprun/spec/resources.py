@@ -1,5 +1,7 @@
 """`resources:` the Ray cluster and what each actor asks of it."""
 
+from typing import Any, Literal
+
 from pydantic import Field
 
 from mtprun.spec.base import Section
@@ -25,6 +27,15 @@ class ResourcesSection(Section):
     )
     cpus_per_actor: float = Field(1.0, gt=0, description="CPUs each trainer/rollout actor takes.")
     gpus_per_actor: float = Field(0.0, ge=0, description="GPUs each trainer/rollout actor takes.")
+    placement: Literal["split", "colocate"] = Field(
+        "split",
+        description="Where the rollout engines run on GPUs. `split`: on GPUs of their own "
+        "(gpus_per_actor each, beside the trainer's). `colocate`: engine i shares the GPU of "
+        "trainer rank i (one engine per rank); while the engines generate, the trainer's "
+        "optimizer state and gradients wait on the host, while the trainer trains the engines "
+        "sleep (KV cache and weights released), and weights reach them through CUDA IPC. "
+        "Needs the synchronous loop (rollout.max_staleness 0).",
+    )
     wait_for_resources_s: float = Field(
         600,
         ge=0,
@@ -39,3 +50,15 @@ class ResourcesSection(Section):
         ge=1,
         description="Trainer processes; when set it must equal tp*pp*cp*dp.",
     )
+
+
+def weight_transfer_method(recipe: Any) -> str:
+    """`rollout.weight_transfer` with `auto` resolved: CUDA IPC between colocated trainer
+    ranks and engines (LoRA's adapters, a few MiB, through the object store), a collective
+    broadcast to engines of their own."""
+    chosen = recipe.rollout.weight_transfer
+    if chosen != "auto":
+        return chosen
+    if recipe.resources.placement == "colocate":
+        return "object_store" if recipe.model.lora is not None else "cuda_ipc"
+    return "collective"

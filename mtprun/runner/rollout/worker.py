@@ -28,13 +28,14 @@ class RolloutWorker:
         version: int,
         routed_experts: bool = False,
         lora: Any = None,
+        colocate: bool = False,
     ) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         from mtprun.runner.rollout.engine import RolloutEngine
 
         self.engine = RolloutEngine(
-            Path(model_dir), rollout, seed, Path(work_dir), version, routed_experts, lora
+            Path(model_dir), rollout, seed, Path(work_dir), version, routed_experts, lora, colocate
         )
         self.transfer: Any = None  # this engine's membership of the weight-transfer group
 
@@ -48,6 +49,14 @@ class RolloutWorker:
         """The trainer's sync payload (full weights, or with LoRA the adapters) from the
         object store, as policy `version`; returns seconds in vLLM."""
         return self.engine.update_weights(weights.items(), version)
+
+    def update_weights_ipc(self, handles: Any, version: int) -> float:
+        """The trainer rank's weights from CUDA IPC handles (colocated), as policy `version`;
+        returns seconds in vLLM."""
+        return self.engine.update_weights_ipc(handles, version)
+
+    def sleep(self) -> float:
+        return self.engine.sleep()
 
     def join_transfer(self, host: str, port: int, generation: int, rank: int, world: int) -> None:
         """Member `rank` of the transfer group's `generation` (the engine runs in this process,

@@ -30,10 +30,12 @@ from rich.progress import TaskID
 
 from mtprun.data.tokenizer import build_tokenizer
 from mtprun.models.tiny import build_tiny_model
+from mtprun.runner.placement import Placement
 from mtprun.runner.rollout.engine import routed_experts_problem
 from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.run import checkpoint
+from mtprun.runner.run.colocation import Colocation
 from mtprun.runner.run.evaluation import Evaluator
 from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.run.progress import RunProgress, summary_line
@@ -49,6 +51,7 @@ from mtprun.runner.tracking.tracker import Tracker
 from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe
 from mtprun.spec.actors import ActorDemand
+from mtprun.spec.resources import weight_transfer_method
 
 log = logging.getLogger("mtprun")
 
@@ -78,6 +81,8 @@ class Driver:
         self.pool: RolloutPool | None = None
         self.collector: EpisodeCollector | None = None  # the GRPO stage's episodes and rewards
         self.sync: WeightSync | None = None  # the trainer's weights into the pool's engines
+        self.placement: Placement | None = None  # where the actors run (once Ray is up)
+        self.colocation: Colocation | None = None  # colocated GRPO: the GPUs' handovers
         self._logged_until = 0  # the newest step MLflow has metrics for (set on resume)
         self.trainer_restarts = 0  # trainer groups started again in this attempt
 
@@ -162,9 +167,12 @@ class Driver:
 
     def _connect_ray(self, address: str | None) -> None:
         connect_ray(self.recipe, self.run_dir, address, ActorDemand.of(self.recipe))
+        self.placement = Placement(self.recipe)
 
     def _shutdown(self) -> None:
         self._stop_engines(trainer=True)
+        if self.placement is not None and ray.is_initialized():
+            self.placement.remove()
         if ray.is_initialized():
             ray.shutdown()
 
@@ -216,13 +224,22 @@ class Driver:
             # Engines start from the stage's start folder, which pruning never deletes: Ray
             # restarts a dead engine with the same arguments. A resumed stage then pushes the
             # checkpoint's weights into them.
+            assert self.placement is not None
+            colocation = None
+            if self.placement.colocate:
+                # The engines size their KV cache by the memory the trainer leaves them.
+                self.trainer.offload()
             self.pool = RolloutPool.start(
-                self.recipe, start_dir, self.run_dir.vllm_dir, version=stage.offset
+                self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
             )
             log.info("rollout engines ready: pids %s", self.pool.pids)
             self.sync = WeightSync(
-                self.recipe.rollout.weight_transfer, lambda: self.trainer, self.pool
+                weight_transfer_method(self.recipe), lambda: self.trainer, self.pool
             )
+            if self.placement.colocate:
+                colocation = self.colocation = Colocation(
+                    lambda: self.trainer, self.pool, self.sync
+                )
             # With LoRA the engines serve the base alone until a sync brings the trainer's
             # adapters, which model.lora.path makes nonzero from the start.
             if resume_from is not None or stage.recipe.model.lora is not None:
@@ -231,7 +248,13 @@ class Driver:
             evaluator = Evaluator(stage.recipe, collector) if stage.recipe.eval else None
             generate = partial(generate_rollout, pool=self.pool, collector=collector, stage=stage)
             step_fn = partial(
-                grpo_step, collector=collector, sync=self.sync, stage=stage, evaluator=evaluator
+                grpo_step,
+                collector=collector,
+                sync=self.sync,
+                stage=stage,
+                gpus=ActorDemand.of(self.recipe).need("GPU"),
+                colocation=colocation,
+                evaluator=evaluator,
             )
         else:
             step_fn = partial(sft_step, sft=SftSource(stage.recipe, start_dir), stage=stage)
@@ -318,7 +341,8 @@ class Driver:
         """The stage's Trainer in the (once started) trainer actors, at the checkpoint's state
         when the stage is resumed."""
         if self.trainer is None:  # started once, reused by every stage
-            self.trainer = TrainerGroup.start(self.recipe)
+            assert self.placement is not None
+            self.trainer = TrainerGroup.start(self.recipe, self.placement)
             log.info(
                 "trainer ready: %d rank(s), pids %s", len(self.trainer.pids), self.trainer.pids
             )
@@ -348,7 +372,7 @@ class Driver:
         for engines in (self.pool, self.trainer if trainer else None):
             if engines is not None:
                 engines.shutdown()
-        self.pool = self.collector = self.sync = None
+        self.pool = self.collector = self.sync = self.colocation = None
         if trainer:
             self.trainer = None
 
@@ -370,12 +394,21 @@ class Driver:
         if self.saved_step == self.step or self.trainer is None:
             return
         trainer = self.trainer
-        final = checkpoint.write(
-            self.run_dir.checkpoints,
-            self.step,
-            lambda folder: trainer.save(str(folder)),
-            {"step": self.step},
-        )
+
+        def write() -> Path:
+            return checkpoint.write(
+                self.run_dir.checkpoints,
+                self.step,
+                lambda folder: trainer.save(str(folder)),
+                {"step": self.step},
+            )
+
+        if self.colocation is None:
+            final = write()
+        else:  # the optimizer state waits on the host while the engines generate
+            written: list[Path] = []
+            self.colocation.with_trainer_state(lambda: written.append(write()))
+            (final,) = written
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
         log.info("checkpoint: %s", final)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from mtprun.data.batch import PackedBatch
 from mtprun.runner.rollout.episodes import EpisodeCollector, Episodes
 from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.run.colocation import Colocation
 from mtprun.runner.run.evaluation import Evaluator
 from mtprun.runner.run.rollouts_ahead import RolloutsAhead
 from mtprun.runner.run.sft_source import SftSource
@@ -67,6 +68,8 @@ def grpo_step(
     sync: WeightSync,
     stage: Stage,
     step: int,
+    gpus: float = 0.0,
+    colocation: Colocation | None = None,
     evaluator: Evaluator | None = None,
 ) -> StepResult:
     """Episodes (generated ahead) -> advantages -> (reference log-probs) -> one trainer step
@@ -81,6 +84,8 @@ def grpo_step(
     metrics.update(staleness_metrics(episodes.versions, trainer.version, rollouts.k))
     batches = collector.pack(episodes, recipe.mask, recipe.trainer.micro_batch_tokens)
 
+    if colocation is not None:
+        metrics.update(colocation.to_trainer())
     tick = time.perf_counter()
     if recipe.rollout.recompute_logprobs:
         recompute_old_logprobs(trainer, batches)
@@ -88,11 +93,14 @@ def grpo_step(
         references = trainer.logprobs(batches, reference=True)
         for batch, ref in zip(batches, references, strict=True):
             batch.ref_logprobs = ref
+    logprob_s = time.perf_counter() - tick
     metrics.update(_prefixed("train", trainer.train_step(batches)))
-    train_s = time.perf_counter() - tick
+    train_s = time.perf_counter() - tick - logprob_s
 
     sync_wait_s = rollouts.before_sync(trainer.version)
     metrics.update(sync.push())
+    if colocation is not None:
+        metrics.update(colocation.to_engines())
     if evaluator is not None and evaluator.due(step, stage.last_step):
         metrics.update(evaluator.evaluate())
     rollouts.synced(trainer.version)
@@ -100,6 +108,7 @@ def grpo_step(
         {
             "time/rollout_s": ready.generate_s,
             "time/rollout_wait_s": ready.wait_s,
+            "time/logprob_s": logprob_s,
             "time/train_s": train_s,
             "time/sync_wait_s": sync_wait_s,
             "time/step_s": time.perf_counter() - start,
@@ -108,7 +117,35 @@ def grpo_step(
             "rollout/engine_restarts": float(sync.pool.restarts),
         }
     )
+    metrics.update(step_breakdown(metrics, _tokens(batches), gpus))
     return StepResult(metrics, episodes.sample_text(limit=SAMPLE_EPISODES))
+
+
+# The parts of an RL step's wall time that are accounted for; the rest is time/idle_s.
+_STEP_PARTS = (
+    "time/rollout_wait_s",
+    "time/logprob_s",
+    "time/train_s",
+    "time/sync_wait_s",
+    "time/sync_s",
+    "time/engine_sleep_s",
+    "time/onload_s",
+    "time/offload_s",
+    "time/eval_s",
+)
+
+
+def step_breakdown(metrics: dict[str, float], tokens: int, gpus: float) -> dict[str, float]:
+    """`time/idle_s`: the step's seconds that none of its timed parts account for (host work
+    between them: packing, advantages, Ray calls); `throughput/tokens_per_s_per_gpu`: the
+    step's prompt and response tokens over its wall time and the run's GPUs (what NeMo-RL
+    reports; absent on CPUs)."""
+    step_s = metrics["time/step_s"]
+    parts = sum(metrics.get(name, 0.0) for name in _STEP_PARTS)
+    out = {"time/idle_s": max(step_s - parts, 0.0), "throughput/tokens_per_s": tokens / step_s}
+    if gpus > 0:
+        out["throughput/tokens_per_s_per_gpu"] = tokens / step_s / gpus
+    return out
 
 
 def staleness_metrics(versions: list[int], trainer_version: int, k: int) -> dict[str, float]:

@@ -4,6 +4,8 @@
 transfer group (mtprun/runner/weight_transfer.py), formed again whenever its members changed
 (a restarted engine or trainer is a new process: it joins the next generation of the group).
 `object_store`: rank 0 puts them into Ray's object store and each engine fetches them.
+`cuda_ipc` (colocated placement): each trainer rank packs them on its GPU and the engine beside
+it copies them from there through CUDA IPC handles (mtprun/runner/cuda_ipc.py).
 With LoRA (`model.lora`) both move the adapters alone: the engines keep the frozen base they
 started from (TrainerWorker._sync_payload, RolloutEngine.update_weights).
 
@@ -37,6 +39,8 @@ class WeightSync:
         self._members: tuple[int, ...] | None = None  # pids of the formed group's members
         if method == "collective":
             pool.resync = self._resync_from_trainer
+        elif method == "cuda_ipc":
+            pool.resync = self._resync_through_cuda_ipc
 
     def push(self) -> dict[str, float]:
         """The trainer's weights (policy version `trainer.version`) into every engine; the
@@ -46,6 +50,8 @@ class WeightSync:
         start = time.perf_counter()
         if self.method == "collective":
             engine_s, sent = self._broadcast(trainer)
+        elif self.method == "cuda_ipc":
+            engine_s, sent = self._through_cuda_ipc(trainer)
         else:
             engine_s, sent = self._through_object_store(trainer)
         return {
@@ -57,6 +63,28 @@ class WeightSync:
     def _through_object_store(self, trainer: TrainerGroup) -> tuple[float, int]:
         engine_s = self.pool.update_weights(trainer.weights_ref(), trainer.version)
         return engine_s, trainer.sync_bytes
+
+    def _through_cuda_ipc(self, trainer: TrainerGroup) -> tuple[float, int]:
+        """Colocated: each trainer rank packs the weights on its GPU, the engine beside it
+        copies them from there; the ranks free their buckets once every engine is done."""
+        with trainer.lock:
+            handles = trainer.share_weights()
+            try:
+                engine_s = self.pool.update_weights_ipc(handles, trainer.version)
+            finally:
+                trainer.release_shared()
+        return engine_s, trainer.sync_bytes
+
+    def _resync_through_cuda_ipc(self, engine: int) -> float:
+        """A restarted colocated engine gets its rank's current weights."""
+        trainer = self._trainer()
+        with trainer.lock:
+            handles = trainer.share_weights()
+            try:
+                actor: Any = self.pool.actors[engine]
+                return ray.get(actor.update_weights_ipc.remote(handles[engine], trainer.version))
+            finally:
+                trainer.release_shared()
 
     def _broadcast(self, trainer: TrainerGroup) -> tuple[float, int]:
         self.pool.revive()  # a dead member would hold the group's formation until its timeout

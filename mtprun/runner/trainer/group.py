@@ -15,6 +15,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from mtprun.runner.actors import stop_actors, torch_threads
+from mtprun.runner.placement import Placement
 from mtprun.runner.trainer.parallel import data_parallel_replica
 from mtprun.runner.trainer.worker import TrainerWorker
 
@@ -38,15 +39,21 @@ class TrainerGroup:
         self.pids = self._gather([a.setup.remote(parallel, seed, *address) for a in actors])
 
     @classmethod
-    def start(cls, recipe: Any) -> TrainerGroup:
-        """One actor per trainer rank (tp*pp*cp*dp), with the recipe's resources."""
-        res, par = recipe.resources, recipe.parallel
+    def start(cls, recipe: Any, placement: Placement | None = None) -> TrainerGroup:
+        """One actor per trainer rank (tp*pp*cp*dp), placed by `placement` (the recipe's by
+        default)."""
+        placement = placement or Placement(recipe)
+        par = recipe.parallel
         world = par.tp * par.pp * par.cp * par.dp
-        remote = ray.remote(TrainerWorker).options(
-            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=0
-        )
+        remote = ray.remote(TrainerWorker)
         threads = torch_threads(recipe, world)
-        return cls([remote.remote(rank, world, threads) for rank in range(world)], par, recipe.seed)
+        actors = [
+            remote.options(**placement.trainer_options(rank), max_restarts=0).remote(
+                rank, world, threads
+            )
+            for rank in range(world)
+        ]
+        return cls(actors, par, recipe.seed)
 
     def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
         self._all("build", recipe, model_dir, plan_json, with_reference)
@@ -115,6 +122,27 @@ class TrainerGroup:
             # returned beside its size, stay in Ray's object store.
             self.sync_bytes = self._gather([size for _, size in calls])[0]
             return calls[0][0]
+
+    def offload(self) -> dict[str, float]:
+        """Colocated: every rank's optimizer state to the host, its gradients released."""
+        results = self._all("offload")
+        return {
+            "time/offload_s": max(s for s, _ in results),
+            "memory/offloaded_gib": max(b for _, b in results) / 2**30,
+        }
+
+    def onload(self) -> float:
+        return max(self._all("onload"))
+
+    def share_weights(self) -> list[Any]:
+        """Colocated: each rank's CUDA IPC handles of the sync payload (see
+        TrainerWorker.share_weights), in rank order; `sync_bytes` becomes its size."""
+        shared = self._all("share_weights")
+        self.sync_bytes = shared[0][1]
+        return [handles for handles, _ in shared]
+
+    def release_shared(self) -> None:
+        self._all("release_shared")
 
     def transfer_address(self) -> tuple[str, int]:
         """Where the engines join rank 0's weight-transfer group."""

@@ -4,6 +4,7 @@ so this module imports no engine at import time."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ class TrainerWorker:
         self.trainer: Any = None
         self.reference: Any = None
         self.transfer: Any = None  # rank 0: the weight-transfer store and group (TransferHost)
+        self.offloaded: Any = None  # colocated: the state on the host while engines generate
+        self.shared: Any = None  # colocated: the weights its engine maps (cuda_ipc)
 
     def pid(self) -> int:
         """This rank's process id; answering at all says the process lives."""
@@ -60,6 +63,7 @@ class TrainerWorker:
         plan = HeadPlan.from_json(plan_json)
         self.model_dir = Path(model_dir)
         self.trainer = self.reference = None  # free the previous stage's model first
+        self.offloaded = None
         self.trainer = Trainer(recipe, self.model_dir, plan, device)
         if with_reference:
             # The KL reference is the policy this stage starts from, frozen.
@@ -86,6 +90,37 @@ class TrainerWorker:
         if self.trainer.recipe.model.lora is not None:
             return self.trainer.adapter_state_dict()
         return self.trainer.hf_state_dict()
+
+    def offload(self) -> tuple[float, int]:
+        """Colocated: optimizer state to the host, gradients released, while the engine on
+        this GPU generates; returns (seconds, GPU bytes freed)."""
+        from mtprun.runner.trainer.offload import trainer_offload
+
+        start = time.perf_counter()
+        self.offloaded = trainer_offload(self.trainer, self.offloaded)
+        self.offloaded.to_host()
+        return time.perf_counter() - start, self.offloaded.nbytes
+
+    def onload(self) -> float:
+        """Back from `offload` before a step; returns seconds."""
+        start = time.perf_counter()
+        if self.offloaded is not None:
+            self.offloaded.to_device()
+        return time.perf_counter() - start
+
+    def share_weights(self) -> Any:
+        """Colocated: what a sync moves, packed into buckets on this GPU; returns their CUDA
+        IPC handles for the engine beside this rank (every rank gathers the whole model, so
+        each one serves its own engine). Kept until `release_shared`."""
+        from mtprun.runner.cuda_ipc import SharedWeights
+
+        self.shared = SharedWeights(self._sync_payload())
+        return self.shared.handles, self.shared.nbytes
+
+    def release_shared(self) -> None:
+        if self.shared is not None:
+            self.shared.release()
+            self.shared = None
 
     def transfer_address(self) -> tuple[str, int]:
         """Rank 0: where the engines join the weight-transfer group (a TCP store, started on

@@ -1,0 +1,110 @@
+"""Weights from trainer rank 0 to rollout engines on the same host's GPUs through CUDA IPC.
+
+Colocated placement (`resources.placement: colocate`) puts an engine on the GPU of a trainer
+rank, where NCCL cannot connect the two (it refuses two ranks on one device). Instead rank 0
+packs the HF weights into a few large GPU buckets (the layout of `weight_transfer.plan_buckets`)
+and hands out CUDA IPC handles of them: an engine maps the trainer's buckets into its own
+address space and copies from them straight into its parameters (vLLM's in-place reload), one
+device-to-device copy and no host round trip. An engine on another GPU of the host maps them
+as well (peer access), which is why a handle names its GPU by UUID: each Ray actor sees its
+own `CUDA_VISIBLE_DEVICES`, so device indices differ between the two processes.
+
+The trainer keeps the buckets until every engine has loaded them (`SharedWeights.release`):
+the memory behind a handle must outlive its readers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mtprun.runner.weight_transfer import dtype_name, plan_buckets
+
+IPC_BUCKET_BYTES = 1 << 30  # few handles (each open costs a driver call), bounded copies
+
+
+@dataclass
+class WeightHandles:
+    """What an engine needs to map the trainer's buckets: picklable (Ray passes it)."""
+
+    layout: list[tuple[str, str, list[int]]]  # (name, dtype, shape) in bucket order
+    bucket_bytes: int
+    handles: list[tuple[Any, ...]]  # torch's rebuild_cuda_tensor arguments, one per bucket
+    gpu_uuid: str  # the GPU that holds the buckets
+
+
+class SharedWeights:
+    """Trainer side: `weights` packed into GPU buckets and their IPC handles."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], bucket_bytes: int = IPC_BUCKET_BYTES):
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        first = next(iter(weights.values()))
+        if first.device.type != "cuda":
+            raise ValueError(f"CUDA IPC shares GPU tensors; the weights are on {first.device}")
+        layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in weights.items()]
+        slots, sizes = plan_buckets(layout, bucket_bytes)
+        self.buckets = [torch.empty(size, dtype=torch.uint8, device=first.device) for size in sizes]
+        for slot in slots:
+            source = weights[slot.name].detach().contiguous().reshape(-1).view(torch.uint8)
+            self.buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes].copy_(source)
+        torch.cuda.synchronize(first.device)  # the readers run on other processes' streams
+        self.handles = WeightHandles(
+            layout,
+            bucket_bytes,
+            # reduce_tensor -> (rebuild_cuda_tensor, args); the args are what travels.
+            [reduce_tensor(bucket)[1] for bucket in self.buckets],
+            gpu_uuid(first.device.index),
+        )
+        self.nbytes = sum(sizes)
+
+    def release(self) -> None:
+        """Free the buckets (every engine has loaded them)."""
+        self.buckets = []
+        torch.cuda.empty_cache()
+
+
+def open_weights(shared: WeightHandles) -> list[tuple[str, torch.Tensor]]:
+    """Engine side: the trainer's tensors as views into its mapped buckets (valid until the
+    trainer releases them: copy what must outlive that)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    device = local_device_of(shared.gpu_uuid)
+    buckets = []
+    for args in shared.handles:
+        args = list(args)
+        args[6] = device  # storage_device: this process's index of the trainer's GPU
+        buckets.append(rebuild_cuda_tensor(*args))
+    slots, _ = plan_buckets(shared.layout, shared.bucket_bytes)
+    return [
+        (
+            slot.name,
+            buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
+            .view(slot.dtype)
+            .view(slot.shape),
+        )
+        for slot in slots
+    ]
+
+
+def gpu_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def local_device_of(uuid: str) -> int:
+    """This process's index of the GPU with `uuid`; a clear error when it cannot see it."""
+    for index in range(torch.cuda.device_count()):
+        if gpu_uuid(index) == uuid:
+            return index
+    raise RuntimeError(
+        f"CUDA IPC: the trainer's GPU {uuid} is not visible to this engine (CUDA_VISIBLE_DEVICES="
+        f"{_visible()}); colocated engines must run on the trainer's host and see its GPU"
+    )
+
+
+def _visible() -> str:
+    import os
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
