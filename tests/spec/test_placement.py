@@ -90,9 +90,8 @@ def test_each_colocated_phase_is_counted_and_the_largest_held_against_the_gpu(
     assert phase == "training"
     too_small = f"resources.gpu_memory_gib={need / 1024**3 - 0.5:.1f}"
     (problem,) = located(path, [too_small])
-    assert f"colocated, the training phase needs an estimated {need / 1024**3:.1f} GiB" in (
-        problem
-    )
+    expected = f"colocated, the training phase needs an estimated {need / 1024**3:.1f} GiB"
+    assert expected in problem
     assert "use resources.placement: split" in problem
     fits = f"resources.gpu_memory_gib={need / 1024**3 + 0.5:.1f}"
     assert located(path, [fits]) == []
