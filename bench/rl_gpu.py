@@ -313,7 +313,7 @@ def loop_recipe(args: argparse.Namespace, folder: Path | None) -> dict[str, Any]
             "lr": 1e-6,
             "steps": args.steps,
             "micro_batch_tokens": args.micro_batch_tokens,
-            "checkpoint_every": 0,
+            "checkpoint_every": 1000,  # none inside the measured steps
         },
         "resources": {
             "num_gpus": gpus if gpu else 0,

@@ -118,14 +118,16 @@ def _assert_rl_steps(metrics: dict[str, dict[int, float]], parts: tuple[str, ...
     assert all(v > 0 for v in metrics["throughput/tokens_per_s_per_gpu"].values())
 
 
-def test_offload_returns_the_optimizer_state_and_frees_the_gpu(gpu_qwen3_dir, megatron_tp1):
+def test_offload_returns_the_optimizer_state_and_frees_the_gpu(
+    gpu_qwen3_dir, tokenizer, megatron_tp1
+):
     from mtprun.compiler import compile_recipe
     from mtprun.runner.trainer.offload import trainer_offload
     from mtprun.runner.trainer.trainer import Trainer
 
     recipe = make_recipe(gpu_qwen3_dir, model={"path": str(gpu_qwen3_dir), "dtype": "bfloat16"})
     trainer = Trainer(recipe, gpu_qwen3_dir, compile_recipe(recipe), "cuda")
-    batch = random_packed_batch(300, [40, 24], seed=1)
+    batch = random_packed_batch(len(tokenizer), [40, 24], seed=1)
     trainer.train_step([batch])  # AdamW's moments exist after a step
     state = {k: v.clone() for k, v in _optimizer_tensors(trainer).items()}
     before = torch.cuda.memory_allocated()

@@ -381,7 +381,7 @@ class RolloutEngine:
         self.rollout = rollout
         # Colocated beside a trainer rank: sleeps while it trains (see `sleep`).
         self.colocate = colocate and torch.cuda.is_available()
-        self.asleep = False
+        self._asleep: list[str] = []  # vLLM sleep-mode tags released and not woken yet
         self._sleep_level = 0
         self.version = version  # of the weights it holds: the global step that made them
         self.lora = lora
@@ -491,18 +491,20 @@ class RolloutEngine:
     def update_weights_ipc(self, shared: Any, version: int) -> float:
         """Load the trainer's weights from CUDA IPC handles of its buckets
         (`cuda_ipc.WeightHandles`), as policy `version`; returns seconds. On return the engine
-        no longer reads the buckets: the trainer may free them."""
+        no longer reads the buckets: the trainer may free them. A sleeping engine's KV cache
+        stays asleep until `wake_up` (after the trainer freed the buckets)."""
         from mtprun.runner.cuda_ipc import open_weights
 
-        return self._update(lambda: open_weights(shared), version)
+        return self._update(lambda: open_weights(shared), version, wake_cache=False)
 
-    def _update(self, weights: Any, version: int) -> float:
+    def _update(self, weights: Any, version: int, wake_cache: bool = True) -> float:
         """`weights()` into the engine. A sleeping colocated engine wakes its weights first
         and its KV cache only after the load, so the KV cache never shares the GPU with the
         trainer's staged copy."""
         start = time.perf_counter()
-        if self.asleep:
+        if "weights" in self._asleep:
             self.llm.wake_up(tags=["weights"])
+            self._asleep.remove("weights")
         loaded = weights()
         if self.lora is not None:
             self._install(loaded)
@@ -511,12 +513,15 @@ class RolloutEngine:
         del loaded
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # every copy out of the sender's tensors has run
-        if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
-        self.llm.reset_prefix_cache()
         self.version = version
+        if wake_cache:
+            self.wake_up()
+        self.llm.reset_prefix_cache()
         return time.perf_counter() - start
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._asleep)
 
     def sleep(self) -> float:
         """Colocated: release the GPU for the trainer's step; returns seconds. The KV cache
@@ -527,22 +532,23 @@ class RolloutEngine:
         start = time.perf_counter()
         self._sleep_level = 1 if self.lora is not None else 2
         self.llm.sleep(level=self._sleep_level)
-        self.asleep = True
+        self._asleep = ["weights", "kv_cache"]
         return time.perf_counter() - start
 
     def wake_up(self) -> float:
-        """Back from `sleep` with the weights it holds (LoRA's base; a sync of the whole
-        model wakes inside `update_weights_ipc` instead)."""
+        """Wake what still sleeps: the KV cache after a sync, or everything with the weights
+        kept (LoRA's base, level 1); returns seconds. Weights a level-2 sleep discarded come
+        back with a weight sync only."""
         if not self.asleep:
             return 0.0
-        if self._sleep_level == 2:
+        if "weights" in self._asleep and self._sleep_level == 2:
             raise RuntimeError(
                 "the colocated engine slept without its weights (level 2): a weight sync wakes "
                 "it (update_weights / update_weights_ipc)"
             )
         start = time.perf_counter()
-        self.llm.wake_up()
-        self.asleep = False
+        self.llm.wake_up(tags=self._asleep)
+        self._asleep = []
         return time.perf_counter() - start
 
     def _install(self, adapters: list[tuple[str, torch.Tensor]]) -> None:

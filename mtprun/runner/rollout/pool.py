@@ -184,6 +184,12 @@ class RolloutPool:
         calls = {i: () for i in range(len(self.actors))}
         return max(self._on_engines("sleep", calls).values())
 
+    def wake_up(self) -> float:
+        """Colocated: every engine wakes what still sleeps (its KV cache after a CUDA IPC
+        sync); returns the slowest engine's seconds."""
+        calls = {i: () for i in range(len(self.actors))}
+        return max(self._on_engines("wake_up", calls).values())
+
     def join_transfer(self, address: tuple[str, int], generation: int) -> list[Any]:
         """Every engine joins the transfer group's `generation` as member 1 + i (member 0,
         trainer rank 0, joins beside them); ObjectRefs, ready once the group formed."""

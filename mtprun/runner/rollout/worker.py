@@ -58,6 +58,9 @@ class RolloutWorker:
     def sleep(self) -> float:
         return self.engine.sleep()
 
+    def wake_up(self) -> float:
+        return self.engine.wake_up()
+
     def join_transfer(self, host: str, port: int, generation: int, rank: int, world: int) -> None:
         """Member `rank` of the transfer group's `generation` (the engine runs in this process,
         in-process vLLM: its one worker receives here what a multi-process engine's workers

@@ -3,9 +3,10 @@
 With `resources.placement: colocate` engine i and trainer rank i share a GPU and take turns
 (the synchronous loop: the spec refuses colocation with rollout.max_staleness > 0). After a
 step's rollouts the engines sleep (KV cache and weights released) and the trainer's optimizer
-state comes back from the host; after the step's weight sync (which wakes the engines) the
-trainer's optimizer state goes to the host again and its gradients are released, before the
-next rollouts begin. A checkpoint between steps takes the same turn (`with_trainer_state`).
+state comes back from the host; after the step the trainer's optimizer state goes to the host
+again and its gradients are released, and then the weight sync wakes the engines: their
+weights first, the trainer's packed copy of the weights freed, their KV cache last. A
+checkpoint between steps takes the same turn (`with_trainer_state`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Colocation:
         return {"time/engine_sleep_s": sleep_s, "time/onload_s": self._trainer().onload()}
 
     def to_engines(self) -> dict[str, float]:
-        """The trainer's state to the host (the engines, synced, are awake)."""
+        """The trainer's state to the host, before the sync that wakes the engines."""
         return self._trainer().offload()
 
     def with_trainer_state(self, action: Callable[[], None]) -> None:
@@ -39,5 +40,5 @@ class Colocation:
         engines sleep meanwhile and are woken by a sync of the same weights after."""
         self.to_trainer()
         action()
-        self.sync.push()
         self.to_engines()
+        self.sync.push()

@@ -98,9 +98,9 @@ def grpo_step(
     train_s = time.perf_counter() - tick - logprob_s
 
     sync_wait_s = rollouts.before_sync(trainer.version)
-    metrics.update(sync.push())
-    if colocation is not None:
+    if colocation is not None:  # first: the engines wake into the memory it frees
         metrics.update(colocation.to_engines())
+    metrics.update(sync.push())
     if evaluator is not None and evaluator.due(step, stage.last_step):
         metrics.update(evaluator.evaluate())
     rollouts.synced(trainer.version)

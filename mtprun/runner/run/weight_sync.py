@@ -73,7 +73,8 @@ class WeightSync:
                 engine_s = self.pool.update_weights_ipc(handles, trainer.version)
             finally:
                 trainer.release_shared()
-        return engine_s, trainer.sync_bytes
+        # The KV caches last, into the memory the buckets held.
+        return engine_s + self.pool.wake_up(), trainer.sync_bytes
 
     def _resync_through_cuda_ipc(self, engine: int) -> float:
         """A restarted colocated engine gets its rank's current weights."""
@@ -82,9 +83,11 @@ class WeightSync:
             handles = trainer.share_weights()
             try:
                 actor: Any = self.pool.actors[engine]
-                return ray.get(actor.update_weights_ipc.remote(handles[engine], trainer.version))
+                loaded = actor.update_weights_ipc.remote(handles[engine], trainer.version)
+                seconds = ray.get(loaded)
             finally:
                 trainer.release_shared()
+        return seconds + ray.get(actor.wake_up.remote())
 
     def _broadcast(self, trainer: TrainerGroup) -> tuple[float, int]:
         self.pool.revive()  # a dead member would hold the group's formation until its timeout
