@@ -15,6 +15,7 @@ from mtprun import losses
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
 from mtprun.preflight import check_recipe
 from mtprun.spec import Recipe
+from mtprun.spec.resources import weight_transfer_method
 from mtprun.spec.rules import trunk_terms
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "trunk terms under `trunk_terms`, a mixture-of-experts model's layout under `experts` "
         "(null for a dense or unknown model), LoRA's trainable parameters and memory against "
         "full fine-tuning under `lora` (null without model.lora) and the RL loop's shape "
-        "under `rollout_loop` (null without a task).",
+        "under `rollout_loop` (null without a task; with colocated placement the bytes of each "
+        "phase on a GPU under its `colocated_memory`).",
     )
     parser.add_argument(
         "--head",
@@ -119,11 +121,24 @@ def _rollout_loop(recipe: Recipe) -> dict | None:
         per_engine = parameters(shape) * (2 if recipe.model.dtype == "bfloat16" else 4)
     return {
         "max_staleness": rollout.max_staleness,
-        "weight_transfer": rollout.weight_transfer,
+        "placement": recipe.resources.placement,
+        "weight_transfer": weight_transfer_method(recipe),
         "engines": rollout.num_engines,
         "sync_bytes_per_engine": per_engine,
         "sync_bytes_per_step": None if per_engine is None else per_engine * rollout.num_engines,
+        "colocated_memory": _colocated_phases(recipe),
     }
+
+
+def _colocated_phases(recipe: Recipe) -> dict[str, int] | None:
+    """Bytes on each colocated GPU in the generation, training and sync phases
+    (`mtprun.preflight.colocation`); null when split or not countable here."""
+    from mtprun.preflight.colocation import colocated_memory
+
+    if recipe.resources.placement != "colocate":
+        return None
+    memory = colocated_memory(recipe)
+    return None if isinstance(memory, str) else memory.phases()
 
 
 def _reward_models(recipe: Recipe) -> list[dict]:
@@ -172,14 +187,8 @@ def _loop_table(recipe: Recipe) -> Table:
         else f"asynchronous: engines generate up to {k} step(s) ahead of the trainer; an "
         f"episode trains a policy at most {k} optimizer step(s) newer than its sampler",
     )
-    backend = "NCCL on GPUs, gloo on CPU"
-    table.add_row(
-        "weight transfer",
-        f"collective: trainer rank 0 broadcasts bucketed weights ({backend})"
-        if loop["weight_transfer"] == "collective"
-        else "object store: trainer rank 0 puts the weights in Ray's object store, each "
-        "engine fetches them",
-    )
+    table.add_row("placement", _placement_text(loop))
+    table.add_row("weight transfer", _TRANSFER_TEXT[loop["weight_transfer"]])
     per_engine = loop["sync_bytes_per_engine"]
     if per_engine is None:
         moved = "unknown: the model's shape is not known here"
@@ -189,6 +198,31 @@ def _loop_table(recipe: Recipe) -> Table:
         moved = f"{_mib(per_engine)} per engine x {engines} engine(s) = {total}"
     table.add_row("weights / step", f"{moved} ({recipe.model.dtype})")
     return table
+
+
+_TRANSFER_TEXT = {
+    "collective": "collective: trainer rank 0 broadcasts bucketed weights (NCCL on GPUs, gloo "
+    "on CPU)",
+    "cuda_ipc": "CUDA IPC: each trainer rank packs the weights into 1 GiB buckets on its GPU, "
+    "the engine beside it copies them in place",
+    "object_store": "object store: trainer rank 0 puts the weights in Ray's object store, each "
+    "engine fetches them",
+}
+
+
+def _placement_text(loop: dict) -> str:
+    if loop["placement"] != "colocate":
+        return "split: the engines on GPUs of their own (or the CPU)"
+    text = (
+        "colocate: engine i shares trainer rank i's GPU; the engines sleep while the trainer "
+        "trains, the trainer's optimizer state waits on the host while they generate"
+    )
+    phases = loop["colocated_memory"]
+    if phases is not None:
+        text += "; per GPU: " + ", ".join(
+            f"{name} {_mib(nbytes)}" for name, nbytes in phases.items()
+        )
+    return text
 
 
 def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | str:

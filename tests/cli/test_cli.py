@@ -346,10 +346,12 @@ def test_plan_shows_the_rl_loop_and_the_weights_it_moves(tmp_path, capsys, monke
     params = sum(t.numel() for t in load_file(folder / "model.safetensors").values())
     assert loop == {
         "max_staleness": 2,
+        "placement": "split",
         "weight_transfer": "object_store",
         "engines": 3,
         "sync_bytes_per_engine": params * 2,
         "sync_bytes_per_step": params * 2 * 3,
+        "colocated_memory": None,
     }
     assert main(["plan", str(recipe_path), *overrides]) == 0
     out = " ".join(capsys.readouterr().out.split())
