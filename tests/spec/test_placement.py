@@ -101,3 +101,21 @@ def test_engine_memory_share_is_checked(write_recipe, located) -> None:
     path = write_recipe(COLOCATED)
     (problem,) = located(path, ["rollout.gpu_memory_utilization=1.5"])
     assert "gpu_memory_utilization" in problem and "less than 1" in problem
+
+
+def test_plan_shows_the_placement_and_each_colocated_phase(write_recipe, capsys) -> None:
+    import json
+
+    from mtprun.cli import main
+
+    path = write_recipe(COLOCATED)
+    assert main(["plan", str(path), "--json"]) == 0
+    loop = json.loads(capsys.readouterr().out)["rollout_loop"]
+    memory = colocated_memory(load_recipe(path))
+    assert not isinstance(memory, str)
+    assert (loop["placement"], loop["weight_transfer"]) == ("colocate", "cuda_ipc")
+    assert loop["colocated_memory"] == memory.phases()
+    assert main(["plan", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "colocate: engine i shares trainer rank i's GPU" in out
+    assert "CUDA IPC: each trainer rank packs the weights" in out
