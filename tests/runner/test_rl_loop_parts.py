@@ -1,4 +1,6 @@
-"""An RL step's wall time split into its parts, and the throughput users compare."""
+"""The RL loop's parts a CPU can check: an RL step's wall time split into its parts and the
+throughput users compare; on CPUs no GPU engine arguments and no CUDA IPC; an engine that
+fails to start says what to change."""
 
 from __future__ import annotations
 
@@ -43,3 +45,19 @@ def test_cpu_engines_take_no_gpu_arguments_and_cuda_ipc_refuses_cpu_tensors():
     assert gpu_engine_args(cuda_graphs=True, colocate=True, gpu_memory_utilization=None) == {}
     with pytest.raises(ValueError, match="CUDA IPC shares GPU tensors; the weights are on cpu"):
         SharedWeights({"w": torch.zeros(3)})
+
+
+def test_an_engine_start_failure_names_what_to_change():
+    from mtprun.runner.rollout.pool import _start_error
+
+    memory = RuntimeError(
+        "Traceback ...\nValueError: Free memory on device cuda:0 (3.2/79.1 GiB) on startup is "
+        "less than desired GPU memory utilization (0.9, 71.2 GiB)."
+    )
+    text = _start_error(memory)
+    assert text.startswith("ValueError: Free memory on device cuda:0")
+    assert "lower rollout.gpu_memory_utilization" in text and "placement: split" in text
+    driver = RuntimeError("RuntimeError: CUDA driver initialization failed")
+    assert "nvidia-smi" in _start_error(driver)
+    other = RuntimeError("Traceback\nOSError: model.safetensors is not a safetensors file")
+    assert _start_error(other) == "OSError: model.safetensors is not a safetensors file"
