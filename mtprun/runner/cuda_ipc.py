@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mtprun.runner.weight_transfer import dtype_name, plan_buckets
+from mtprun.runner.weight_transfer import dtype_name, plan_buckets, unpack_buckets
 
 IPC_BUCKET_BYTES = 1 << 30  # few handles (each open costs a driver call), bounded copies
 
@@ -78,15 +78,7 @@ def open_weights(shared: WeightHandles) -> list[tuple[str, torch.Tensor]]:
         args[6] = device  # storage_device: this process's index of the trainer's GPU
         buckets.append(rebuild_cuda_tensor(*args))
     slots, _ = plan_buckets(shared.layout, shared.bucket_bytes)
-    return [
-        (
-            slot.name,
-            buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
-            .view(slot.dtype)
-            .view(slot.shape),
-        )
-        for slot in slots
-    ]
+    return unpack_buckets(buckets, slots)
 
 
 def gpu_uuid(index: int) -> str:

@@ -65,6 +65,21 @@ def plan_buckets(
     return slots, sizes
 
 
+def unpack_buckets(
+    buckets: list[torch.Tensor], slots: list[TensorSlot]
+) -> list[tuple[str, torch.Tensor]]:
+    """(name, typed view into its bucket) for every slot, in order: no copies."""
+    return [
+        (
+            slot.name,
+            buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
+            .view(slot.dtype)
+            .view(slot.shape),
+        )
+        for slot in slots
+    ]
+
+
 class TransferGroup:
     """This process's membership of one generation of the transfer group."""
 
@@ -120,15 +135,7 @@ class TransferGroup:
         buckets = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
         for flat in buckets:
             self._broadcast(flat)
-        return [
-            (
-                slot.name,
-                buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
-                .view(slot.dtype)
-                .view(slot.shape),
-            )
-            for slot in slots
-        ]
+        return unpack_buckets(buckets, slots)
 
     def _broadcast_bytes(self, payload: bytes | None) -> bytes:
         """A byte string from member 0 (payload there, None elsewhere): length, then bytes."""
