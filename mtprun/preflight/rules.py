@@ -421,6 +421,13 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
 
 
 @rule("task")
+def _search_corpus_exists(r: Recipe) -> Iterator[Issue]:
+    corpus = r.task.search.corpus if r.task is not None and r.task.search is not None else None
+    if corpus is not None and not os.path.isfile(corpus):
+        yield Issue(("task", "search", "corpus"), f"file not found: {corpus}")
+
+
+@rule("task")
 def _environment_loads(r: Recipe) -> Iterator[Issue]:
     if r.task is None or r.task.environment is None:
         return

@@ -15,6 +15,8 @@ DATA_FILE_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv")
 """Files a dataset path may name (or a folder may hold); see mtprun/data/datasets.py."""
 REASONING_GYM_REWARD = "reasoning_gym"
 """The built-in reward that scores a reasoning-gym prompt with its dataset's score_answer."""
+SEARCH_TASK = "search"
+"""The built-in Search-R1 task's name (task.name: search, with task.search and task.prompts)."""
 VERIFIERS_ENVIRONMENT = "verifiers:"
 """A task.environment naming a verifiers taskset starts so (see data/tasks/verifiers_env.py)."""
 
@@ -168,6 +170,95 @@ def check_renderer(value: Any) -> Any:
     return value
 
 
+class OverlongBuffer(Section):
+    """DAPO's over-long reward shaping: a soft penalty on responses close to the length cap.
+
+    With L = rollout.max_tokens, B = `tokens` and P = `penalty`, a response of n sampled
+    tokens (a multi-turn episode: all its sampled tokens) gets
+
+        0                        when n <= L - B
+        -P * (n - (L - B)) / B   when L - B < n <= L
+        -P                       when it was cut at L (truncated)
+
+    added to the task's reward and logged as reward/overlong.
+    """
+
+    tokens: int = Field(
+        ...,
+        ge=1,
+        description="B: the last B tokens below rollout.max_tokens, over which the penalty "
+        "grows linearly from 0 to `penalty` (must be below rollout.max_tokens).",
+    )
+    penalty: float = Field(
+        1.0,
+        gt=0,
+        description="P: the penalty at rollout.max_tokens and of a response cut there.",
+    )
+
+    def shaping(self, length: int, max_tokens: int, truncated: bool) -> float:
+        """The reward added to a response of `length` sampled tokens (`truncated`: cut at
+        `max_tokens`)."""
+        if truncated:
+            return -self.penalty
+        start = max_tokens - self.tokens
+        if length <= start:
+            return 0.0
+        return -self.penalty * min(length - start, self.tokens) / self.tokens
+
+
+class SearchSpec(Section):
+    """Search-R1's environment: the model searches a corpus between its turns."""
+
+    corpus: str | None = Field(
+        None,
+        description="A .jsonl or .parquet file of passages {id, text, title?} (relative to the "
+        "recipe file that sets it), searched with BM25 (its index built once per run and "
+        "cached in the run folder). null: `endpoint` answers the searches.",
+    )
+    endpoint: str | None = Field(
+        None,
+        description="Your own retrieval server in place of `corpus`: mtprun POSTs "
+        '{"queries": [q], "topk": top_k, "return_scores": true} to this URL (Search-R1\'s '
+        'retrieval server API) and reads {"result": [[{"document": {"contents"}} ...]]}; '
+        "failed calls are retried with backoff and counted in search/errors.",
+    )
+    top_k: int = Field(3, ge=1, description="Passages returned per search.")
+    max_turns: int = Field(
+        4,
+        ge=1,
+        description="Assistant turns per episode: the episode ends at <answer>...</answer> or "
+        "after this many turns (task.max_turns is not used by the search task).",
+    )
+    retries: int = Field(
+        2,
+        ge=0,
+        description="With `endpoint`: retries of a request that failed to connect, timed out "
+        "or got a 429 or 5xx answer (backing off).",
+    )
+    timeout_s: float = Field(
+        30.0, gt=0, description="With `endpoint`: seconds one search may take, retries included."
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint {value!r} is not an http:// or https:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_retriever(self) -> SearchSpec:
+        if (self.corpus is None) == (self.endpoint is None):
+            raise ValueError(
+                "search needs `corpus:` (a passage file searched with BM25) or `endpoint:` "
+                "(your retrieval server), "
+                + ("not both" if self.corpus is not None else "and has neither")
+            )
+        if self.corpus is not None and not self.corpus.endswith((".jsonl", ".parquet")):
+            raise ValueError(f"corpus {self.corpus!r} is not a .jsonl or .parquet file")
+        return self
+
+
 def path_shorthand(value: Any) -> Any:
     """`prompts: file.parquet` is `prompts: {path: file.parquet}` (a field validator)."""
     return {"path": value} if isinstance(value, str) else value
@@ -204,7 +295,9 @@ class TaskSection(Section):
     name: str | None = Field(
         None,
         description="A built-in synthetic task (arithmetic, calculator_tool), or a `.jsonl` "
-        "file of prompts; a recipe sets `name` or `prompts`.",
+        "file of prompts; a recipe sets `name` or `prompts`. `search` (Search-R1) is the "
+        "one set with both: its `prompts` are {question, answers} rows and `search:` its "
+        "retrieval.",
     )
     prompts: PromptSource | None = Field(
         None,
@@ -281,6 +374,22 @@ class TaskSection(Section):
         "still short of groups trains on those it kept (or, when none, on its first round).",
     )
 
+    overlong_buffer: OverlongBuffer | None = Field(
+        None,
+        description="DAPO's over-long reward shaping {tokens: B, penalty: P}: with L = "
+        "rollout.max_tokens, a response of n sampled tokens gets 0 when n <= L - B, "
+        "-P (n - (L - B)) / B when L - B < n <= L, -P when it was cut at L; added to the "
+        "reward, logged as reward/overlong. null: no shaping.",
+    )
+    search: SearchSpec | None = Field(
+        None,
+        description="The Search-R1 task's retrieval (with `name: search`): {corpus, top_k, "
+        "max_turns} or {endpoint, top_k, max_turns}. The model writes <search>query</search>, "
+        "the environment answers <information>...</information> (a tool turn, never trained), "
+        "the episode ends at <answer>...</answer>; reward: exact match against any of the "
+        "row's answers (normalised), logged as reward/exact_match.",
+    )
+
     _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
     _renderer = field_validator("renderer")(check_renderer)
 
@@ -300,6 +409,12 @@ class TaskSection(Section):
     def verifiers_environment(self) -> bool:
         """Whether task.environment names a verifiers taskset (`verifiers:<module>`)."""
         return (self.environment or "").startswith(VERIFIERS_ENVIRONMENT)
+
+    @property
+    def episode_turns(self) -> int:
+        """Assistant turns per episode: task.search.max_turns for the search task, else
+        task.max_turns."""
+        return self.search.max_turns if self.search is not None else self.max_turns
 
     @property
     def effective_reward(self) -> str | EndpointReward | ServedReward | None:

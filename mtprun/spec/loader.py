@@ -129,6 +129,7 @@ _FILE_FIELDS: tuple[tuple[KeyPath, str], ...] = (
     (("data", "source"), "dataset"),
     (("task", "name"), "source"),
     (("task", "prompts"), "dataset"),
+    (("task", "search", "corpus"), "file"),
     (("warmstart", "data", "source"), "dataset"),
     (("eval", "prompts"), "dataset"),
 )

@@ -28,6 +28,12 @@ class RolloutSection(Section):
         description="Sample past the end-of-sequence token, every response to max_tokens "
         "(throughput benchmarks; stop tokens of multi-turn tasks still end a turn).",
     )
+    mask_truncated: bool = Field(
+        False,
+        description="DAPO's over-long filtering: responses cut at max_tokens (an episode with "
+        "a turn cut there) leave the loss, their tokens off the loss mask (still counted in "
+        "response/truncated_frac and rollout/truncated_frac).",
+    )
     speculative: SpeculativeSection | None = Field(
         None, description="Speculative decoding; null turns it off."
     )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from mtprun.losses import is_trunk_term
 from mtprun.spec.actors import ActorDemand
-from mtprun.spec.data import DATA_FILE_SUFFIXES, DatasetSpec, TaskSection
+from mtprun.spec.data import DATA_FILE_SUFFIXES, SEARCH_TASK, DatasetSpec, TaskSection
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity
 from mtprun.spec.model import MOE_ARCHITECTURES, MTP_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
@@ -359,6 +359,9 @@ def _task_prompts_and_reward(r: RecipeSections) -> Iterator[Issue]:
     if task.verifiers_environment:
         yield from _verifiers_task(task)
         return
+    if task.name == SEARCH_TASK or task.search is not None:
+        yield from _search_task(task)
+        return
     if (task.name is None) == (task.prompts is None):
         yield Issue(
             ("task",),
@@ -386,6 +389,73 @@ def _task_prompts_and_reward(r: RecipeSections) -> Iterator[Issue]:
                 "`name:` (its metric is reward/<name>)",
             )
         seen.add(term.label)
+
+
+def _search_task(task: TaskSection) -> Iterator[Issue]:
+    """Search-R1 (`name: search`): its prompts are a dataset, `search:` its retrieval, and its
+    environment scores every episode (exact match), so no reward or environment of its own."""
+    if task.name != SEARCH_TASK:
+        yield Issue(
+            ("task", "search"),
+            "task.search configures the Search-R1 task: set task.name: search "
+            + (f"(not {task.name!r})" if task.name else "beside it"),
+        )
+        return
+    if task.search is None:
+        yield Issue(
+            ("task", "name"),
+            "the search task needs `search: {corpus: <passages .jsonl/.parquet>, top_k, "
+            "max_turns}` (or {endpoint: <your retrieval server>})",
+        )
+    if task.prompts is None:
+        yield Issue(
+            ("task", "name"),
+            "the search task needs `prompts:` (a dataset of {question, answers} rows)",
+        )
+    for key in ("reward", "rewards", "environment"):
+        if getattr(task, key) is not None:
+            yield Issue(
+                ("task", key),
+                f"the search task's environment scores every episode (exact match against the "
+                f"row's answers, reward/exact_match): remove task.{key}",
+            )
+    if "max_turns" in task.model_fields_set:
+        yield Issue(
+            ("task", "max_turns"),
+            "the search task's turns are task.search.max_turns: move max_turns there",
+        )
+
+
+@rule("rollout", "task")
+def _overlong_buffer_below_max_tokens(r: RecipeSections) -> Iterator[Issue]:
+    buffer = r.task.overlong_buffer if r.task is not None else None
+    if buffer is not None and buffer.tokens >= r.rollout.max_tokens:
+        yield Issue(
+            ("task", "overlong_buffer", "tokens"),
+            f"overlong_buffer.tokens {buffer.tokens} must be below rollout.max_tokens "
+            f"{r.rollout.max_tokens}: the penalty ramps over the last `tokens` tokens below it",
+        )
+
+
+@rule("rollout", "task")
+def _truncation_mask_needs_rollouts(r: RecipeSections) -> Iterator[Issue]:
+    if r.rollout.mask_truncated and r.task is None:
+        yield Issue(
+            ("rollout", "mask_truncated"),
+            "mask_truncated filters truncated rollouts, and a recipe without `task:` samples "
+            "nothing (SFT); add a `task:` or drop rollout.mask_truncated",
+            "warning",
+        )
+
+
+@rule("rollout", "mask")
+def _truncation_mask_needs_sampled_tokens(r: RecipeSections) -> Iterator[Issue]:
+    if r.rollout.mask_truncated and r.mask == "all":
+        yield Issue(
+            ("rollout", "mask_truncated"),
+            "mask_truncated takes truncated rollouts' sampled tokens off the loss, and mask: "
+            "all trains every token regardless: use mask: sampled (or a roles table)",
+        )
 
 
 def _verifiers_task(task: TaskSection) -> Iterator[Issue]:

@@ -10,6 +10,7 @@ from mtprun.data.tasks.addition import AdditionTask
 from mtprun.data.tasks.arithmetic import ArithmeticTask
 from mtprun.data.tasks.base import Task
 from mtprun.data.tasks.calculator import CalculatorToolTask
+from mtprun.data.tasks.search import SearchTask
 
 if TYPE_CHECKING:
     from mtprun.spec.data import TaskSection
@@ -18,12 +19,18 @@ TASKS: dict[str, type[Task]] = {
     AdditionTask.name: AdditionTask,
     ArithmeticTask.name: ArithmeticTask,
     CalculatorToolTask.name: CalculatorToolTask,
+    SearchTask.name: SearchTask,  # built from task.prompts and task.search (task_for)
 }
 
 
 def get_task(name: str) -> Task:
     """The built-in task called `name` (a recipe's task.name, or a synthetic data.source), or
     the dataset of prompts at path `name`."""
+    if name == SearchTask.name:
+        raise ValueError(
+            "the search task reads its prompts and corpus from a recipe's task section "
+            "(task.prompts, task.search): it is no synthetic data source"
+        )
     if name in TASKS:
         return TASKS[name]()
     from mtprun.data.dataset_files import SUFFIXES
@@ -39,12 +46,16 @@ def get_task(name: str) -> Task:
 def task_for(section: TaskSection, seed: int, cache_dir: str | Path | None = None) -> Task:
     """The task a recipe's `task:` section declares: `prompts` (a dataset, or a
     reasoning-gym one), `name`, or a verifiers taskset (`environment: verifiers:...`)."""
-    from mtprun.spec.data import ReasoningGymSpec
+    from mtprun.spec.data import DatasetSpec, ReasoningGymSpec
 
     if section.verifiers_environment:
         from mtprun.data.tasks.verifiers_env import VerifiersPromptTask
 
         return VerifiersPromptTask(section.environment)
+    if section.name == SearchTask.name:
+        if not isinstance(section.prompts, DatasetSpec) or section.search is None:
+            raise ValueError("the search task needs task.prompts (a dataset) and task.search")
+        return SearchTask(section.prompts, section.search, seed, cache_dir)
     if isinstance(section.prompts, ReasoningGymSpec):
         from mtprun.data.tasks.gym_prompts import ReasoningGymTask
 

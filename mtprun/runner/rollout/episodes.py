@@ -26,12 +26,24 @@ advantage 0 everywhere and teaches the policy gradient nothing; such groups are 
 further rounds of fresh prompts (a pure function of seed, step and round) are sampled until
 `prompts_per_step` groups remain or `max_sampling_rounds` rounds ran. A step left with no
 group keeps its first round (its policy-gradient terms are then 0).
+
+DAPO's over-long handling. Reward shaping (`task.overlong_buffer: {tokens: B, penalty: P}`):
+with L = rollout.max_tokens, an episode of n sampled tokens (all its turns') gets
+
+    0                        when n <= L - B
+    -P (n - (L - B)) / B     when L - B < n <= L (and -P past L, a multi-turn episode's)
+    -P                       when a turn was cut at L
+
+added to its reward before the group advantages (reward/overlong; evaluations are unshaped).
+Filtering (`rollout.mask_truncated`): an episode with a turn cut at L leaves the loss, its
+tokens off the loss mask; its reward still counts in its group's mean and std, and it counts
+in response/truncated_frac and rollout/truncated_frac.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +70,7 @@ from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.rollout.rewards import EpisodeScorer, RewardOutcome, component_means
 from mtprun.runner.rollout.scorers import ScorerPlacement
 from mtprun.spec import Recipe
+from mtprun.spec.data import OverlongBuffer
 
 log = logging.getLogger("mtprun")
 
@@ -76,6 +89,13 @@ class Episodes:
     reward_errors: int = 0  # reward errors of the step, dropped groups' included
     sampling_rounds: int = 1  # rounds of prompts sampled for the step (dynamic sampling)
     dropped_groups: int = 0  # groups of equal rewards dropped (dynamic sampling)
+    cut: list[bool] | None = None  # a turn was cut at max_tokens (None: none was)
+    overlong: list[float] | None = None  # the over-long shaping added to each reward
+    task_metrics: dict[str, float] = field(default_factory=dict)  # the task's (search/...)
+
+    def __post_init__(self) -> None:
+        if self.cut is None:
+            self.cut = [False] * len(self.truncated)
 
     @property
     def num_groups(self) -> int:
@@ -96,6 +116,8 @@ class Episodes:
             tool_turns=[self.tool_turns[k] for k in episodes],
             versions=[self.versions[k] for k in episodes],
             reward_outcomes=[self.reward_outcomes[k] for k in episodes],
+            cut=[self.cut[k] for k in episodes],
+            overlong=None if self.overlong is None else [self.overlong[k] for k in episodes],
         )
 
     def informative_groups(self) -> list[int]:
@@ -116,11 +138,47 @@ class Episodes:
             versions=self.versions + other.versions,
             reward_outcomes=self.reward_outcomes + other.reward_outcomes,
             reward_errors=self.reward_errors + other.reward_errors,
+            cut=self.cut + other.cut,
+            overlong=(
+                None
+                if self.overlong is None or other.overlong is None
+                else self.overlong + other.overlong
+            ),
         )
 
     def reward_metrics(self) -> dict[str, float]:
-        """`reward/<component>` over these episodes, `reward/errors` over the step's."""
-        return {**component_means(self.reward_outcomes), "reward/errors": float(self.reward_errors)}
+        """`reward/<component>` over these episodes, `reward/errors` over the step's,
+        `reward/overlong` (the mean over-long shaping) when the task shapes rewards."""
+        metrics = {
+            **component_means(self.reward_outcomes),
+            "reward/errors": float(self.reward_errors),
+        }
+        if self.overlong is not None:
+            metrics["reward/overlong"] = sum(self.overlong) / len(self.overlong)
+        return metrics
+
+    def shape_overlong(self, buffer: OverlongBuffer, max_tokens: int) -> Episodes:
+        """These episodes with DAPO's over-long shaping added to their rewards."""
+        n = self.rewards.shape[1]
+        assert self.cut is not None
+        shaping = [
+            buffer.shaping(length, max_tokens, cut)
+            for length, cut in zip(self.sampled_tokens, self.cut, strict=True)
+        ]
+        added = torch.tensor(shaping, dtype=torch.float32).view(-1, n)
+        return replace(self, rewards=self.rewards + added, overlong=shaping)
+
+    def loss_trajectories(self, mask_truncated: bool) -> list[RenderedSequence]:
+        """The trajectories the loss trains: with `mask_truncated`, those of episodes cut at
+        max_tokens have no sampled token left (the loss masks of the recipe's `mask:` keep
+        only sampled tokens)."""
+        if not mask_truncated:
+            return self.trajectories
+        assert self.cut is not None
+        return [
+            replace(t, is_sampled=torch.zeros_like(t.is_sampled)) if cut else t
+            for t, cut in zip(self.trajectories, self.cut, strict=True)
+        ]
 
     def metrics(self, rollout_seconds: float) -> dict[str, float]:
         lengths = torch.tensor(self.sampled_tokens, dtype=torch.float32)
@@ -130,11 +188,13 @@ class Episodes:
             "response/length": float(lengths.mean()),
             "response/length_max": float(lengths.max()),
             "response/truncated_frac": sum(self.truncated) / len(self.truncated),
+            "rollout/truncated_frac": sum(self.cut or ()) / len(self.truncated),
             "rollout/tool_turns": sum(self.tool_turns) / len(self.tool_turns),
             "rollout/tokens_per_s": float(lengths.sum()) / rollout_seconds,
             "rollout/sampling_rounds": float(self.sampling_rounds),
             "rollout/dropped_groups": float(self.dropped_groups),
             **self.reward_metrics(),
+            **self.task_metrics,
         }
 
     def sample_text(self, limit: int) -> str:
@@ -157,6 +217,7 @@ class _Episode:
     tools: tuple[ToolSpec, ...] = ()  # the tool specs its prompt prints
     sampled_tokens: int = 0
     truncated: bool = False  # hit max_tokens, max_turns or the model's length
+    cut: bool = False  # its last turn was cut at max_tokens
     tool_turns: int = 0
     env_reward: float | None = None  # the last reward the environment gave
     env_components: dict[str, float] | None = None  # its named parts (reward/<name>)
@@ -176,7 +237,7 @@ class _Episode:
         message = renderer.parse_turn(sample.token_ids, self.context_ids, self.tools)
         self.last_text = renderer.turn_text(sample.token_ids)
         self.conversation = (*self.conversation, message)
-        self.truncated = sample.finish_reason == "length"
+        self.truncated = self.cut = sample.finish_reason == "length"
         self.version = sample.version if self.version is None else min(self.version, sample.version)
 
 
@@ -186,6 +247,7 @@ class EpisodeCollector:
             raise ValueError("an RL stage needs a `task:` section")
         self.task_section = recipe.task
         self.max_tokens = recipe.rollout.max_tokens
+        self.mask_truncated = recipe.rollout.mask_truncated
         self.seed = recipe.seed
         self.task = task_for(recipe.task, recipe.seed, Path(recipe.run_dir) / "datasets")
         self.environment = (
@@ -220,12 +282,23 @@ class EpisodeCollector:
             reward_errors=errors,
             sampling_rounds=rounds,
             dropped_groups=sampled - kept.num_groups,
+            task_metrics=self._task_metrics(),
         )
 
     def _collect_round(self, step: int, sampling_round: int, num_prompts: int) -> Episodes:
         section = self.task_section
         prompts = self.task.step_prompts(num_prompts, self.seed, step, sampling_round)
-        return self.run(prompts, section.samples_per_prompt)
+        episodes = self.run(prompts, section.samples_per_prompt)
+        if section.overlong_buffer is not None:
+            episodes = episodes.shape_overlong(section.overlong_buffer, self.max_tokens)
+        if not section.drop_uniform_groups:
+            episodes.task_metrics = self._task_metrics()
+        return episodes
+
+    def _task_metrics(self) -> dict[str, float]:
+        """The task's own counters since the last step (the search task's search/...)."""
+        step_metrics = getattr(self.task, "step_metrics", None)
+        return step_metrics() if callable(step_metrics) else {}
 
     def run(self, prompts: list[Prompt], n: int, sampling: Sampling | None = None) -> Episodes:
         """n episodes of each prompt, sampled with the rollout section's settings unless
@@ -237,11 +310,12 @@ class EpisodeCollector:
         episodes = self._start(episode_prompts)
         samples = self._first_samples(episodes, n, sampling)
         active = episodes
-        for turn in range(1, section.max_turns + 1):
+        max_turns = section.episode_turns
+        for turn in range(1, max_turns + 1):
             for episode, sample in zip(active, samples, strict=True):
                 episode.add_turn(sample, self.renderer)
             results = step_all([e.env for e in active], [e.conversation for e in active])
-            last_turn = turn == section.max_turns
+            last_turn = turn == max_turns
             active = [
                 e
                 for e, r in zip(active, results, strict=True)
@@ -266,6 +340,7 @@ class EpisodeCollector:
             rewards=torch.tensor(scores.totals, dtype=torch.float32).view(len(prompts), n),
             sampled_tokens=[e.sampled_tokens for e in episodes],
             truncated=[e.truncated for e in episodes],
+            cut=[e.cut for e in episodes],
             tool_turns=[e.tool_turns for e in episodes],
             versions=[e.version for e in episodes],
             reward_outcomes=scores.outcomes,
@@ -333,7 +408,7 @@ class EpisodeCollector:
         """Trajectories packed into micro batches, each episode's group-normalised advantage
         on its tokens."""
         return pack(
-            episodes.trajectories,
+            episodes.loss_trajectories(self.mask_truncated),
             mask,
             micro_batch_tokens,
             advantages=group_advantages(episodes.rewards).flatten().tolist(),
