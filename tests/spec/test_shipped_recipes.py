@@ -192,6 +192,27 @@ QWEN3_5_9B = {
 }
 QWEN3_5_9B["text_config"]["layer_types"] *= 8  # the 4-layer pattern over 32 layers
 
+# MiMo-7B's config.json (MiMo-7B-Base / -SFT / -RL share it): Qwen2's layout (biased q/k/v) with
+# one MTP layer; marked "unsure" are values not checked against the released file.
+MIMO_7B = {
+    "architectures": ["MiMoForCausalLM"],
+    "model_type": "mimo",
+    "attention_bias": True,  # unsure
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "max_position_embeddings": 32768,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "num_nextn_predict_layers": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 640000,  # unsure
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151680,
+}
+
 # Example recipes of real checkpoints, with the config.json of each: their model.path holds no
 # weights in CI, so they validate above with the shape unknown, and here against the real one
 # (the rules that read the shape, and the memory estimate held against gpu_memory_gib).
@@ -201,6 +222,8 @@ REAL_MODELS = {
     "qwen3-30b-a3b-grpo": QWEN3_30B_A3B,
     "glm-4.5-air-sft-tools": GLM_45_AIR,
     "qwen3.5-9b-dapo-mtp": QWEN3_5_9B,
+    "mimo-7b-dapo-mtp": MIMO_7B,
+    "mimo-7b-search-r1-mtp": MIMO_7B,
 }
 
 
