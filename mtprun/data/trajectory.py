@@ -53,12 +53,15 @@ class TrajectoryBuilder:
         token_ids: Sequence[int],
         logprobs: Sequence[float],
         routed_experts: Any = None,
+        trained: Sequence[bool] | None = None,
     ) -> None:
         """A model turn as the engine returned it, stop token included, with the logprob of
         each sampled token, and (router replay) the engine's routing of the turn's context
         and tokens from position 0: [R, layers, k] expert ids, R at most the trajectory's
         length with the turn (the engine routes every token but the last it sampled). The
-        latest turn's routing covers every earlier token, as the engine saw it then."""
+        latest turn's routing covers every earlier token, as the engine saw it then.
+        `trained`: per token, False where the loss must not train it although it was sampled
+        (partial rollouts: sampled by too old a policy); None: every token."""
         if len(token_ids) != len(logprobs):
             raise ValueError(
                 f"add_sampled: {len(token_ids)} token ids but {len(logprobs)} logprobs; the "
@@ -66,12 +69,20 @@ class TrajectoryBuilder:
             )
         if not token_ids:
             raise ValueError("add_sampled: a sampled turn has at least its stop token")
+        if trained is not None and len(trained) != len(token_ids):
+            raise ValueError(
+                f"add_sampled: {len(token_ids)} token ids but {len(trained)} trained flags"
+            )
         n = len(token_ids)
         self._parts.append(
             RenderedSequence(
                 token_ids=torch.as_tensor(token_ids, dtype=torch.int64),
                 roles=torch.full((n,), ROLE_IDS["assistant"], dtype=torch.int8),
-                is_sampled=torch.ones(n, dtype=torch.bool),
+                is_sampled=(
+                    torch.ones(n, dtype=torch.bool)
+                    if trained is None
+                    else torch.as_tensor(list(trained), dtype=torch.bool)
+                ),
                 logprobs=torch.as_tensor(logprobs, dtype=torch.float32),
             )
         )

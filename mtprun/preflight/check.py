@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Sequence
 
 from mtprun.data.tasks import TASKS
-from mtprun.preflight import colocation  # noqa: F401  (registers its rules)
+from mtprun.preflight import colocation, partial_rollouts  # noqa: F401  (register rules)
 from mtprun.preflight.rules import PREFLIGHT_RULES
 from mtprun.spec.errors import RecipeError, RecipeWarning
 from mtprun.spec.loader import RecipeCheck, check_document, read_document

@@ -37,6 +37,24 @@ class RolloutSection(Section):
     speculative: SpeculativeSection | None = Field(
         None, description="Speculative decoding; null turns it off."
     )
+    partial: bool = Field(
+        False,
+        description="Partial rollouts (with max_staleness >= 1 and recompute_logprobs): the "
+        "engines generate in chunks of partial_chunk_tokens, and a weight update lands between "
+        "two chunks instead of waiting for the step's longest response; unfinished responses "
+        "keep their tokens and continue under the new weights. Every token records the policy "
+        "version that sampled it; the trainer corrects with the engines' log-probs (a grpo "
+        "term's tis_cap).",
+    )
+    partial_chunk_tokens: int = Field(
+        256, ge=1, description="Partial rollouts: tokens a response grows between two pauses."
+    )
+    max_offpolicy_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Partial rollouts: a token sampled by a policy more than this many optimizer "
+        "steps older than the one it trains leaves the loss mask (null: none is dropped).",
+    )
     num_engines: int = Field(1, ge=1, description="Rollout engine replicas.")
     max_staleness: int = Field(
         0,

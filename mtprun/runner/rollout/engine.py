@@ -72,6 +72,15 @@ class Sample:
     # prompt and the completion to, from the prompt's first token (R: every token but the
     # last sampled one, which no forward pass read); else None.
     routed_experts: Any = None
+    # Partial rollouts: the policy version of each token (a response continued across a
+    # weight update; `version` is then its first, oldest, one); None: all `version`.
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int]:
+        """The policy version that sampled each token."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return [self.version] * len(self.token_ids)
 
 
 def configure_vllm_env(work_dir: Path) -> None:

@@ -66,6 +66,7 @@ from mtprun.data.tasks import Prompt, load_environment_class, task_for
 from mtprun.data.trajectory import TrajectoryBuilder
 from mtprun.runner.rollout.advantages import group_advantages
 from mtprun.runner.rollout.engine import Sampling
+from mtprun.runner.rollout.partial import VersionSpan, partial_metrics
 from mtprun.runner.rollout.pool import RolloutPool
 from mtprun.runner.rollout.rewards import EpisodeScorer, RewardOutcome, component_means
 from mtprun.runner.rollout.scorers import ScorerPlacement
@@ -91,6 +92,7 @@ class Episodes:
     dropped_groups: int = 0  # groups of equal rewards dropped (dynamic sampling)
     cut: list[bool] | None = None  # a turn was cut at max_tokens (None: none was)
     overlong: list[float] | None = None  # the over-long shaping added to each reward
+    spans: list[VersionSpan] | None = None  # partial rollouts: each episode's token versions
     task_metrics: dict[str, float] = field(default_factory=dict)  # the task's (search/...)
 
     def __post_init__(self) -> None:
@@ -118,6 +120,7 @@ class Episodes:
             reward_outcomes=[self.reward_outcomes[k] for k in episodes],
             cut=[self.cut[k] for k in episodes],
             overlong=None if self.overlong is None else [self.overlong[k] for k in episodes],
+            spans=None if self.spans is None else [self.spans[k] for k in episodes],
         )
 
     def informative_groups(self) -> list[int]:
@@ -144,6 +147,7 @@ class Episodes:
                 if self.overlong is None or other.overlong is None
                 else self.overlong + other.overlong
             ),
+            spans=None if self.spans is None or other.spans is None else self.spans + other.spans,
         )
 
     def reward_metrics(self) -> dict[str, float]:
@@ -195,6 +199,7 @@ class Episodes:
             "rollout/dropped_groups": float(self.dropped_groups),
             **self.reward_metrics(),
             **self.task_metrics,
+            **partial_metrics(self.spans or []),
         }
 
     def sample_text(self, limit: int) -> str:
@@ -222,17 +227,24 @@ class _Episode:
     env_reward: float | None = None  # the last reward the environment gave
     env_components: dict[str, float] | None = None  # its named parts (reward/<name>)
     version: int | None = None  # the oldest policy version among its sampled turns
+    span: VersionSpan | None = None  # every sampled token's policy version (partial rollouts)
     context_ids: list[int] | None = None  # the context of its last sampled turn
     completion_ids: list[int] | None = None  # its last sampled turn
     last_text: str | None = None  # its last turn's text as generated (for the reward)
 
-    def add_turn(self, sample: Any, renderer: Renderer) -> None:
-        """A turn the engine sampled (token ids with their log-probs)."""
+    def add_turn(self, sample: Any, renderer: Renderer, oldest_trained: int | None = None) -> None:
+        """A turn the engine sampled (token ids with their log-probs); its tokens sampled by a
+        policy older than `oldest_trained` stay out of the loss."""
         self.context_ids = self.builder.token_ids()
         self.completion_ids = list(sample.token_ids)
+        versions = sample.versions()
+        trained = None if oldest_trained is None else [v >= oldest_trained for v in versions]
         self.builder.add_sampled(
-            sample.token_ids, sample.logprobs, getattr(sample, "routed_experts", None)
+            sample.token_ids, sample.logprobs, getattr(sample, "routed_experts", None), trained
         )
+        if versions:
+            span = VersionSpan.of(versions, oldest_trained)
+            self.span = span if self.span is None else self.span | span
         self.sampled_tokens += len(sample.token_ids)
         message = renderer.parse_turn(sample.token_ids, self.context_ids, self.tools)
         self.last_text = renderer.turn_text(sample.token_ids)
@@ -248,6 +260,8 @@ class EpisodeCollector:
         self.task_section = recipe.task
         self.max_tokens = recipe.rollout.max_tokens
         self.mask_truncated = recipe.rollout.mask_truncated
+        self.partial = recipe.rollout.partial
+        self.max_offpolicy = recipe.rollout.max_offpolicy_steps if self.partial else None
         self.seed = recipe.seed
         self.task = task_for(recipe.task, recipe.seed, Path(recipe.run_dir) / "datasets")
         self.environment = (
@@ -288,7 +302,9 @@ class EpisodeCollector:
     def _collect_round(self, step: int, sampling_round: int, num_prompts: int) -> Episodes:
         section = self.task_section
         prompts = self.task.step_prompts(num_prompts, self.seed, step, sampling_round)
-        episodes = self.run(prompts, section.samples_per_prompt)
+        # Step s trains the policy of version s - 1: tokens older than the bound leave the loss.
+        oldest = None if self.max_offpolicy is None else step - 1 - self.max_offpolicy
+        episodes = self.run(prompts, section.samples_per_prompt, oldest_trained=oldest)
         if section.overlong_buffer is not None:
             episodes = episodes.shape_overlong(section.overlong_buffer, self.max_tokens)
         if not section.drop_uniform_groups:
@@ -300,9 +316,16 @@ class EpisodeCollector:
         step_metrics = getattr(self.task, "step_metrics", None)
         return step_metrics() if callable(step_metrics) else {}
 
-    def run(self, prompts: list[Prompt], n: int, sampling: Sampling | None = None) -> Episodes:
+    def run(
+        self,
+        prompts: list[Prompt],
+        n: int,
+        sampling: Sampling | None = None,
+        oldest_trained: int | None = None,
+    ) -> Episodes:
         """n episodes of each prompt, sampled with the rollout section's settings unless
-        `sampling` overrides them (evaluation), and scored."""
+        `sampling` overrides them (evaluation), and scored; with partial rollouts, tokens
+        sampled by a policy older than `oldest_trained` stay out of the loss."""
         section = self.task_section
         sampling = sampling or Sampling()
         max_tokens = sampling.max_tokens or self.max_tokens
@@ -313,7 +336,7 @@ class EpisodeCollector:
         max_turns = section.episode_turns
         for turn in range(1, max_turns + 1):
             for episode, sample in zip(active, samples, strict=True):
-                episode.add_turn(sample, self.renderer)
+                episode.add_turn(sample, self.renderer, oldest_trained)
             results = step_all([e.env for e in active], [e.conversation for e in active])
             last_turn = turn == max_turns
             active = [
@@ -345,6 +368,7 @@ class EpisodeCollector:
             versions=[e.version for e in episodes],
             reward_outcomes=scores.outcomes,
             reward_errors=scores.errors,
+            spans=[e.span or VersionSpan(0, 0) for e in episodes] if self.partial else None,
         )
 
     def _start(self, prompts: list[Prompt]) -> list[_Episode]:

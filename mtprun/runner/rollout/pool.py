@@ -23,6 +23,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from mtprun.runner.actors import stop_actors, torch_threads
 from mtprun.runner.placement import Placement
 from mtprun.runner.rollout.engine import DEFAULT_SAMPLING, Sampling, spec_decode_metrics
+from mtprun.runner.rollout.partial import PartialRollouts
 from mtprun.runner.rollout.worker import RolloutWorker
 
 log = logging.getLogger("mtprun")
@@ -32,9 +33,12 @@ MAX_RESTARTS = 3  # per engine and attempt; also the retries of one engine's pro
 
 
 class RolloutPool:
-    def __init__(self, actors: list[Any], max_retries: int) -> None:
+    def __init__(
+        self, actors: list[Any], max_retries: int, partial: PartialRollouts | None = None
+    ) -> None:
         self.actors = actors
         self.max_retries = max_retries
+        self.partial = partial  # rollout.partial: generation in chunks
         self.restarts = 0
         self._weights: tuple[Any, int] | None = None  # the last object-store sync: (ref, version)
         # Brings restarted engine i to the policy; returns the seconds of its weight sync, or
@@ -74,8 +78,12 @@ class RolloutPool:
             )
             for i in range(count)
         ]
+        rollout = recipe.rollout
+        partial = None
+        if rollout.partial:
+            partial = PartialRollouts(rollout.partial_chunk_tokens, rollout.max_tokens)
         try:
-            return cls(actors, max_retries=MAX_RESTARTS)
+            return cls(actors, max_retries=MAX_RESTARTS, partial=partial)
         except RayActorError as err:
             stop_actors(actors)
             raise RuntimeError(f"a rollout engine failed to start: {_start_error(err)}") from err
@@ -83,7 +91,13 @@ class RolloutPool:
     def generate(
         self, prompts: list[list[int]], n: int, sampling: Sampling = DEFAULT_SAMPLING
     ) -> list[list[Any]]:
-        """Samples for each prompt, in prompt order (see RolloutEngine.generate)."""
+        """Samples for each prompt, in prompt order (see RolloutEngine.generate); with partial
+        rollouts in chunks, a weight update allowed between them (rollout/partial.py)."""
+        if self.partial is not None:
+            return self.partial.generate(self._generate, prompts, n, sampling)
+        return self._generate(prompts, n, sampling)
+
+    def _generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[list[Any]]:
         calls = {
             i: (prompts[lo:hi], n, sampling)
             for i, (lo, hi) in enumerate(_split(len(prompts), len(self.actors)))

@@ -289,6 +289,8 @@ class Driver:
             staleness = self.recipe.rollout.max_staleness
             rollouts = RolloutsAhead(generate, staleness, self.step + 1, stage.last_step)
             step_fn = partial(step_fn, rollouts=rollouts)
+            if self.pool is not None and self.pool.partial is not None:
+                self.pool.partial.between_chunks = rollouts.pause_point
         try:
             while self.step < stage.last_step and not self.stop.requested:
                 step = self.step + 1

@@ -8,9 +8,15 @@ sampled by one policy). So step s is sampled by exactly version max(s - 1 - k, t
 loop started from): staleness k from the (k+1)-th step of a loop on, while the trainer trains
 step s - 1 .. s - k. With k = 0 it is the synchronous loop: generate s, train s, sync s.
 
+With partial rollouts (`rollout.partial`) the generation calls `pause_point` between chunks:
+a sync waiting there runs at once, inside the step's generation, and the generation goes on
+with the new weights (rollout/partial.py), so tokens of step s may be sampled by versions
+newer than s - 1 - k, never older.
+
 The thread calls only the engines; the driver thread calls the trainer, and the engines only
-for the weight sync, while no generation runs. (An engine restarted mid-generation is synced
-from the trainer, see run/weight_sync.py: its episodes then record the newer version.)
+for the weight sync, while no generation runs (or one is paused). (An engine restarted
+mid-generation is synced from the trainer, see run/weight_sync.py: its episodes then record
+the newer version.)
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class RolloutsAhead(Generic[T]):
         self._done: dict[int, tuple[T | BaseException, float]] = {}
         self._done_through = first_step - 1  # every step up to here is generated (or failed)
         self._closed = False
+        self._sync_waiting = False  # the driver waits in before_sync
+        self._paused = False  # the generation waits in pause_point for that sync
         self._thread = threading.Thread(
             target=self._run, args=(first_step,), name="mtprun-rollouts", daemon=True
         )
@@ -84,19 +92,35 @@ class RolloutsAhead(Generic[T]):
         start = time.perf_counter()
         through = min(version + self.k, self._last)
         with self._cond:
+            self._sync_waiting = True
+            self._cond.notify_all()
             self._cond.wait_for(
                 lambda: (
                     self._done_through >= through
+                    or self._paused
                     or any(isinstance(v, BaseException) for v, _ in self._done.values())
                 )
             )
         return time.perf_counter() - start
 
     def synced(self, version: int) -> None:
-        """The engines serve policy `version` now: the steps it unlocks may generate."""
+        """The engines serve policy `version` now: the steps it unlocks may generate, and a
+        paused generation goes on."""
         with self._cond:
             self._synced = version
+            self._sync_waiting = False
             self._cond.notify_all()
+
+    def pause_point(self) -> None:
+        """Called by the generation between two chunks (partial rollouts): when a sync waits,
+        let it run and return once it is done."""
+        with self._cond:
+            if not self._sync_waiting:
+                return
+            self._paused = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._closed or not self._sync_waiting)
+            self._paused = False
 
     def close(self) -> None:
         """Stop generating ahead; a generation in progress finishes first, and what was
