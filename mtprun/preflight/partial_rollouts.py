@@ -13,7 +13,7 @@ from mtprun.spec.rules import Issue
 rule = PREFLIGHT_RULES.rule
 
 
-@rule("rollout", "trainer", "task")
+@rule("rollout", "trainer", "task", "mask")
 def _partial_rollouts_fit_the_loop(r: Recipe) -> Iterator[Issue]:
     rollout = r.rollout
     if r.task is None:
@@ -46,6 +46,12 @@ def _partial_rollouts_fit_the_loop(r: Recipe) -> Iterator[Issue]:
             ("rollout", "partial"),
             "router replay needs one routing of each whole response, and a continued response "
             "is routed anew by each policy: turn trainer.router_replay off",
+        )
+    if rollout.max_offpolicy_steps is not None and r.mask == "all":
+        yield Issue(
+            ("rollout", "max_offpolicy_steps"),
+            "too old tokens leave the loss as tokens the model did not sample do, and `mask: "
+            "all` trains those too: use `mask: sampled` (or a roles table)",
         )
     if rollout.partial_chunk_tokens >= rollout.max_tokens:
         yield Issue(
