@@ -44,7 +44,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(null for a dense or unknown model), LoRA's trainable parameters and memory against "
         "full fine-tuning under `lora` (null without model.lora) and the RL loop's shape "
         "under `rollout_loop` (null without a task; with colocated placement the bytes of each "
-        "phase on a GPU under its `colocated_memory`).",
+        "phase on a GPU under its `colocated_memory`), and under `balance` whether each RL "
+        "step's sequences are balanced across data-parallel replicas (null without a task).",
     )
     parser.add_argument(
         "--head",
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         data["experts"] = experts
         data["lora"] = lora
         data["rollout_loop"] = _rollout_loop(recipe)
+        data["balance"] = _balance(recipe)
         data["reward_models"] = _reward_models(recipe)
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -128,6 +130,29 @@ def _rollout_loop(recipe: Recipe) -> dict | None:
         "sync_bytes_per_step": None if per_engine is None else per_engine * rollout.num_engines,
         "colocated_memory": _colocated_phases(recipe),
     }
+
+
+def _balance(recipe: Recipe) -> dict | None:
+    """Whether each RL step's sequences are balanced across data-parallel replicas
+    (trainer.balance, `mtprun.data.balance`), why not when they are not, and the cost model's
+    `a` (cost L (a + L) per sequence of L tokens; its default when the shape is unknown here);
+    null without a task (SFT rows are not rebalanced)."""
+    from mtprun.data.balance import linear_length
+    from mtprun.preflight.model_shape import recipe_shape
+
+    if recipe.task is None:
+        return None
+    shape = recipe_shape(recipe)
+    shape = None if isinstance(shape, str) else shape
+    dp = recipe.parallel.dp
+    if dp == 1:
+        applies, why = False, "one data-parallel replica: nothing to balance"
+    elif not recipe.trainer.balance:
+        applies = False
+        why = "trainer.balance is false: micro batches in rollout order, dealt round-robin"
+    else:
+        applies, why = True, ""
+    return {"applies": applies, "why_not": why, "dp": dp, "linear_length": linear_length(shape)}
 
 
 def _colocated_phases(recipe: Recipe) -> dict[str, int] | None:
@@ -197,7 +222,19 @@ def _loop_table(recipe: Recipe) -> Table:
         total = _mib(per_engine * engines)
         moved = f"{_mib(per_engine)} per engine x {engines} engine(s) = {total}"
     table.add_row("weights / step", f"{moved} ({recipe.model.dtype})")
+    table.add_row("dp balancing", _balance_text(recipe, _balance(recipe)))
     return table
+
+
+def _balance_text(recipe: Recipe, balance: dict) -> str:
+    if not balance["applies"]:
+        return f"off: {balance['why_not']}"
+    return (
+        f"on: each step's sequences split into {balance['dp']} groups of near-equal cost "
+        f"L (a + L), a = {balance['linear_length']:,.0f} tokens (Karmarkar-Karp), each packed "
+        f"first-fit decreasing into micro batches of <= {recipe.trainer.micro_batch_tokens} "
+        "tokens, as many per replica as the sequences allow"
+    )
 
 
 _TRANSFER_TEXT = {

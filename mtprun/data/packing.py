@@ -10,6 +10,7 @@ heads rely on too: they read the boundaries from `cu_seqlens`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 
 import torch
 
@@ -115,3 +116,44 @@ def _shift_left(values: torch.Tensor, last: torch.Tensor, fill: float | int | bo
     shifted = values.roll(-1)
     shifted[last] = fill
     return shifted
+
+
+def unpack(batches: Sequence[PackedBatch]) -> list[PackedBatch]:
+    """Every sequence of `batches`, in order, as a batch of its own (the inverse of `join`):
+    each per-token field sliced at the sequence's bounds, positions and boundaries its own."""
+    return [
+        _slice(batch, int(start), int(stop))
+        for batch in batches
+        for start, stop in zip(batch.cu_seqlens[:-1], batch.cu_seqlens[1:], strict=True)
+    ]
+
+
+def join(parts: Sequence[PackedBatch]) -> PackedBatch:
+    """`parts` back to back in one batch (their fields set alike: all or none per field)."""
+    if not parts:
+        raise ValueError("join needs at least one batch")
+    values = {}
+    for f in fields(PackedBatch):
+        if f.name == "cu_seqlens":
+            continue
+        got = [getattr(p, f.name) for p in parts]
+        if all(v is None for v in got):
+            values[f.name] = None
+        elif any(v is None for v in got):
+            raise ValueError(f"{f.name} is set on some of the batches to join, not all")
+        else:
+            values[f.name] = torch.cat(got)
+    lengths = [0] + [int(n) for p in parts for n in p.cu_seqlens[1:] - p.cu_seqlens[:-1]]
+    cu_seqlens = torch.tensor(lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return PackedBatch(cu_seqlens=cu_seqlens, **values)
+
+
+def _slice(batch: PackedBatch, start: int, stop: int) -> PackedBatch:
+    values = {
+        f.name: None if v is None else v[start:stop]
+        for f in fields(PackedBatch)
+        if f.name != "cu_seqlens"
+        for v in [getattr(batch, f.name)]
+    }
+    cu_seqlens = torch.tensor([0, stop - start], dtype=torch.int32)
+    return PackedBatch(cu_seqlens=cu_seqlens, **values)

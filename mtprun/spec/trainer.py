@@ -34,6 +34,19 @@ class TrainerSection(Section):
     micro_batch_tokens: int = Field(
         2048, ge=1, description="Tokens per packed micro batch (one forward/backward)."
     )
+    balance: bool = Field(
+        True,
+        description=(
+            "Balance each RL step's sequences across data-parallel replicas: split them into "
+            "parallel.dp groups of near-equal compute (cost L * (a + L) per sequence of L "
+            "tokens, a from the model's shape: linear FLOPs plus attention's quadratic term; "
+            "Karmarkar-Karp), then pack each group first-fit decreasing into micro batches of "
+            "at most micro_batch_tokens, the same number per replica where the sequences "
+            "allow. The loss and gradient do not change (token-weighted over the step); no "
+            "replica waits on another. false packs the sequences in rollout order and deals "
+            "the micro batches round-robin. Nothing to balance with one replica."
+        ),
+    )
     recompute: Literal["none", "selective", "full"] = Field(
         "none",
         description=(

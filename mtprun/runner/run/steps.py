@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from mtprun.data.balance import imbalance, linear_length, rebalance, sequence_cost
 from mtprun.data.batch import PackedBatch
 from mtprun.runner.rollout.episodes import EpisodeCollector, Episodes
 from mtprun.runner.rollout.pool import RolloutPool
@@ -15,6 +16,7 @@ from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage
 from mtprun.runner.run.weight_sync import WeightSync
 from mtprun.runner.trainer.group import TrainerGroup
+from mtprun.spec import Recipe
 
 SAMPLE_EPISODES = 8  # episodes per RL step written to MLflow as text
 
@@ -83,6 +85,8 @@ def grpo_step(
     metrics.update(ready.value.engine_metrics)
     metrics.update(staleness_metrics(episodes.versions, trainer.version, rollouts.k))
     batches = collector.pack(episodes, recipe.mask, recipe.trainer.micro_batch_tokens)
+    batches, replica_of, balance_metrics = balance_step(batches, recipe, trainer.dp)
+    metrics.update(balance_metrics)
 
     if colocation is not None:
         metrics.update(colocation.to_trainer())
@@ -94,7 +98,7 @@ def grpo_step(
         for batch, ref in zip(batches, references, strict=True):
             batch.ref_logprobs = ref
     logprob_s = time.perf_counter() - tick
-    metrics.update(_prefixed("train", trainer.train_step(batches)))
+    metrics.update(_prefixed("train", trainer.train_step(batches, replica_of)))
     train_s = time.perf_counter() - tick - logprob_s
 
     sync_wait_s = rollouts.before_sync(trainer.version)
@@ -164,6 +168,40 @@ def staleness_metrics(versions: list[int], trainer_version: int, k: int) -> dict
         "rollout/staleness": sum(staleness) / len(staleness),
         "rollout/staleness_max": float(oldest),
     }
+
+
+def balance_step(
+    batches: list[PackedBatch], recipe: Recipe, dp: int
+) -> tuple[list[PackedBatch], list[int] | None, dict[str, float]]:
+    """The step's micro batches, the replica of each (None: dealt round-robin) and
+    `train/dp_cost_imbalance` (the costliest replica's cost over the mean, cost L (a + L) per
+    sequence: `mtprun.data.balance`). With trainer.balance and dp > 1 the sequences are
+    repacked into dp groups of near-equal cost; otherwise they stay as packed."""
+    if dp == 1:
+        return batches, None, {}
+    a = _linear_length(recipe)
+    if not recipe.trainer.balance:
+        costs = [0.0] * dp
+        for i, batch in enumerate(batches):
+            lengths = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
+            costs[i % dp] += sum(sequence_cost(n, a) for n in lengths)
+        return batches, None, {"train/dp_cost_imbalance": imbalance(costs)}
+    balanced, layout = rebalance(batches, dp, recipe.trainer.micro_batch_tokens, a)
+    return balanced, layout.replica_of, {"train/dp_cost_imbalance": imbalance(layout.costs)}
+
+
+_LINEAR_LENGTHS: dict[str, float] = {}
+
+
+def _linear_length(recipe: Recipe) -> float:
+    """`a` of the balancing cost for the recipe's model (read once per model section)."""
+    key = recipe.model.model_dump_json()
+    if key not in _LINEAR_LENGTHS:
+        from mtprun.preflight.model_shape import recipe_shape
+
+        shape = recipe_shape(recipe)
+        _LINEAR_LENGTHS[key] = linear_length(None if isinstance(shape, str) else shape)
+    return _LINEAR_LENGTHS[key]
 
 
 def recompute_old_logprobs(trainer: TrainerGroup, batches: list[PackedBatch]) -> None:

@@ -94,16 +94,27 @@ class TrainerGroup:
             except GetTimeoutError:
                 continue
 
-    def train_step(self, micro_batches: list[Any]) -> dict[str, float]:
-        """One optimizer step; data-parallel replica d trains micro batches d, d+dp, ..."""
-        if len(micro_batches) < self.dp:
+    def train_step(
+        self, micro_batches: list[Any], replica_of: list[int] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step; micro batch i goes to data-parallel replica replica_of[i]
+        (`mtprun.data.balance`), by default i % dp: replica d trains micro batches d, d+dp, ..."""
+        if replica_of is None:
+            replica_of = [i % self.dp for i in range(len(micro_batches))]
+        if len(replica_of) != len(micro_batches):
+            raise ValueError(f"{len(replica_of)} replicas for {len(micro_batches)} micro batches")
+        shares = [
+            [mb for mb, r in zip(micro_batches, replica_of, strict=True) if r == d]
+            for d in range(self.dp)
+        ]
+        if not all(shares):
             raise ValueError(
                 f"{len(micro_batches)} micro batches for {self.dp} data-parallel replicas: "
                 "lower trainer.micro_batch_tokens or raise the batch (task.prompts_per_step)"
             )
         with self.lock:
             refs = [
-                actor.train_step.remote(micro_batches[d :: self.dp])
+                actor.train_step.remote(shares[d])
                 for actor, d in zip(self.actors, self.replica, strict=True)
             ]
             metrics = self._gather(refs)[-1]
