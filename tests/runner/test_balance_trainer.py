@@ -102,3 +102,45 @@ def test_the_grpo_step_balances_only_several_replicas(tiny_qwen2_dir):
     off = make_recipe(tiny_qwen2_dir, rl=True, trainer={"micro_batch_tokens": 40, "balance": False})
     same, none, metrics = balance_step(batches, off, 2)
     assert same is batches and none is None and metrics["train/dp_cost_imbalance"] >= 1.0
+
+
+class _Actor:
+    """Stands in for a trainer rank's Ray actor: `train_step.remote` hands back its input."""
+
+    def __init__(self) -> None:
+        self.train_step = self
+
+    def remote(self, micro_batches):
+        return micro_batches
+
+
+def _group(dp: int, ranks_per_replica: int = 1):
+    import threading
+
+    from mtprun.runner.trainer.group import TrainerGroup
+
+    group = object.__new__(TrainerGroup)
+    group.actors = [_Actor() for _ in range(dp * ranks_per_replica)]
+    group.lock = threading.RLock()
+    group.version, group.dp = 0, dp
+    group.replica = [r % dp for r in range(len(group.actors))]
+    group.received = None
+
+    def gather(refs):
+        group.received = refs
+        return refs
+
+    group._gather = gather
+    return group
+
+
+def test_the_group_hands_each_replica_its_micro_batches():
+    group = _group(2, ranks_per_replica=2)
+    group.train_step(list("abcde"))  # round-robin by default
+    assert group.received == [["a", "c", "e"], ["b", "d"], ["a", "c", "e"], ["b", "d"]]
+    group.train_step(list("abcd"), [0, 0, 0, 1])
+    assert group.received == [["a", "b", "c"], ["d"], ["a", "b", "c"], ["d"]]
+    with pytest.raises(ValueError, match="3 micro batches for 2 data-parallel replicas"):
+        group.train_step(list("abc"), [1, 1, 1])
+    with pytest.raises(ValueError, match="2 replicas for 3 micro batches"):
+        group.train_step(list("abc"), [0, 1])
