@@ -86,6 +86,7 @@ def _collector(mask_truncated: bool, overlong: OverlongBuffer | None = None) -> 
     )
     collector.max_tokens, collector.seed = L, 0
     collector.mask_truncated = mask_truncated
+    collector.max_offpolicy = None  # no partial rollouts
     collector.renderer = SimpleNamespace(tokenizer=SimpleNamespace(pad_token_id=0))
     collector.task = SimpleNamespace(
         step_prompts=lambda n, seed, step, sampling_round: ["p0", "p1"],
@@ -101,7 +102,7 @@ def test_a_step_is_shaped_only_with_an_overlong_buffer() -> None:
         (OverlongBuffer(tokens=B, penalty=P), [1 - P / 4, 0, -P, 1]),
     ):
         collector = _collector(False, overlong)
-        collector.run = lambda prompts, n: made
+        collector.run = lambda prompts, n, **options: made
         episodes = collector.collect(step=1)
         assert episodes.rewards.flatten().tolist() == pytest.approx(expected)
         assert episodes.metrics(1.0)["search/calls"] == 3.0  # the task's own counters
