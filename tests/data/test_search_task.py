@@ -65,6 +65,16 @@ def test_prompts_put_the_question_in_search_r1s_instruction(task) -> None:
     assert len(task.heldout_prompts(None, 0)) == 2
 
 
+def test_a_bare_question_is_put_in_the_instruction_once(task) -> None:
+    env = task.environment()
+    bare = Prompt((Message("user", "Who wrote Hamlet? "),), None, {"answers": ["Shakespeare"]})
+    [start] = env.reset(bare)
+    assert start.content.startswith("Answer the given question.")
+    assert start.content.endswith("Question: Who wrote Hamlet?\n")
+    [prompt] = task.step_prompts(1, seed=0, step=1)
+    assert tuple(env.reset(prompt)) == prompt.messages  # the task's own: already instructed
+
+
 def _episode(task: SearchTask, question: str, answers: list[str]):
     env = task.environment()
     prompt = Prompt((Message("user", question),), None, {"answers": answers})

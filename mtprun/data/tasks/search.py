@@ -88,6 +88,16 @@ def action(text: str) -> tuple[str, str] | None:
     return None if found is None else (found.group(1), found.group(2).strip())
 
 
+def instructed(messages: Conversation) -> Conversation:
+    """The conversation with its last user message, a bare question, put in Search-R1's
+    instruction (unchanged when it already is: the task's prompts; an evaluation's own
+    dataset gives bare questions)."""
+    *before, last = messages
+    if last.role != "user" or INSTRUCTION.partition("{")[0] in last.content:
+        return messages
+    return (*before, Message("user", INSTRUCTION.format(question=last.content.strip())))
+
+
 class SearchEnvironment(Environment):
     """One episode's environment; `retriever` and `top_k` are set on the subclass the task
     makes (an environment class is called with no arguments)."""
@@ -99,7 +109,7 @@ class SearchEnvironment(Environment):
         self.answers = reference_answers(prompt.record) or (
             [prompt.answer] if prompt.answer is not None else []
         )
-        return prompt.messages
+        return instructed(prompt.messages)
 
     async def step(self, messages: Conversation) -> EnvStep:
         turn = messages[-1]
@@ -151,11 +161,9 @@ class SearchTask(Task):
     def _wrapped(self, prompts: list[Prompt]) -> list[Prompt]:
         out = []
         for p in prompts:
-            *before, question = p.messages
-            message = Message("user", INSTRUCTION.format(question=question.content.strip()))
             answers = reference_answers(p.record)
             answer = " | ".join(answers) if answers else p.answer
-            out.append(Prompt((*before, message), answer, p.record, p.tools))
+            out.append(Prompt(instructed(p.messages), answer, p.record, p.tools))
         return out
 
     def prompts(self, n: int, seed: int) -> list[Prompt]:
