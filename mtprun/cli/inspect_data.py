@@ -132,7 +132,7 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
         samples = []
         for prompt in task.prompts(n, recipe.seed):
             trajectory, conversation, score = expert_rollout(
-                task, prompt, renderer, task_section.max_turns, environment
+                task, prompt, renderer, task_section.episode_turns, environment
             )
             turns = sum(m.role == "assistant" for m in conversation)
             if score is None and reward is not None:  # the environment gave none
