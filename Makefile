@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	# the local CPU wheel); the constraint keeps the extras from moving it.
 	$(BIN)/python -m pip install -q "torch==$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]" "torch==$(TORCH)"
-	# Their PyPI builds do not match CPU torch and break transformers' imports (STACK.md).
+	# Their PyPI builds do not match CPU torch and break transformers' imports (docs/stack.md).
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 

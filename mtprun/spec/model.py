@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from mtprun.spec.base import Section
 
-# Attention head sizes vLLM's CPU attention backend accepts (STACK.md): others fail at the
+# Attention head sizes vLLM's CPU attention backend accepts (docs/stack.md): others fail at the
 # first generate, long after the recipe was accepted.
 VLLM_CPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 

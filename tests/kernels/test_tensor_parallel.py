@@ -48,7 +48,7 @@ CHUNKINGS = [Chunking(), Chunking(vocab_tile=7, rows_per_chunk=9)]
 def _rank_main(rank: int, port: int, problems: dict[str, Problem], results: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP)
-    torch.cuda.current_device = lambda: "cpu"  # Megatron-core on CPU (see STACK.md)
+    torch.cuda.current_device = lambda: "cpu"  # Megatron-core on CPU (see docs/stack.md)
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 

