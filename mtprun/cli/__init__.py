@@ -1,26 +1,56 @@
-"""`mtprun` command line: one module per command, each exposing `add_parser(subparsers)`."""
+"""`mtprun` command line: one module per command (a `CommandUnit`), listed in `COMMANDS`.
+
+A new command is its module plus its line in `COMMANDS`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
-COMMANDS: tuple[str, ...] = (
-    "validate",
-    "plan",
-    "schema",
-    "run",
-    "resume",
-    "export",
-    "eval",
-    "ui",
-    "inspect_data",
-    "sync",
+from mtprun.units import Units, register_point
+
+
+@runtime_checkable
+class CommandUnit(Protocol):
+    """A command module of `mtprun.cli`, named by its module (`inspect_data` is
+    `mtprun inspect-data`).
+
+    `add_parser` adds the command's parser under that name (a `CommandParser`) and sets
+    `func(args) -> int` on it via `set_defaults`; `func` imports heavy dependencies (torch,
+    ray, vllm) inside itself, so every command starts fast.
+    """
+
+    def add_parser(self, subparsers: argparse._SubParsersAction) -> None: ...
+
+
+def command_name(unit: CommandUnit) -> str:
+    """The command a unit module adds: its module name, `_` spelled `-`."""
+    return unit.__name__.rpartition(".")[2].replace("_", "-")  # type: ignore[attr-defined]
+
+
+COMMANDS: Units[CommandUnit] = register_point(
+    Units(
+        "command",
+        CommandUnit,
+        (
+            "mtprun.cli.validate",
+            "mtprun.cli.plan",
+            "mtprun.cli.schema",
+            "mtprun.cli.run",
+            "mtprun.cli.resume",
+            "mtprun.cli.export",
+            "mtprun.cli.eval",
+            "mtprun.cli.ui",
+            "mtprun.cli.inspect_data",
+            "mtprun.cli.sync",
+        ),
+        name=command_name,
+    )
 )
-"""Modules of `mtprun.cli`, in help order. Each sets `func(args) -> int` via set_defaults and
-imports heavy dependencies (torch, ray, vllm) inside `func`, so every command starts fast."""
+"""The commands, in help order."""
 
 _RECIPE_SUFFIXES = (".yaml", ".yml")
 
@@ -61,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=CommandParser
     )
-    for name in COMMANDS:
-        importlib.import_module(f"mtprun.cli.{name}").add_parser(subparsers)
+    for command in COMMANDS:
+        command.add_parser(subparsers)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""What every loss-kind unit provides (one module per `kind` under mtprun/losses/).
+"""What every loss-kind unit provides (one module per `kind` under mtprun/losses/): the
+`LossUnit` protocol, checked on every registered unit by tests/test_units.py.
 
 A unit module defines:
 
@@ -11,8 +12,9 @@ A unit module defines:
     TRITON_ROW          its Triton row function and columns (`TritonRow`), or None.
     triton(term, *, has_old, has_ref) -> TritonCall   what the Triton kernel runs for a term.
 
-The registry (mtprun.losses.registry) derives the recipe union, the kind list, and the
-Triton column layout from the units; nothing else lists the kinds.
+The registry (mtprun.losses.registry, a `mtprun.units.Units` point) lists the unit modules;
+the recipe union, the kind list and the Triton column layout derive from it, and nothing
+else lists the kinds.
 
 Units import torch only for type checking (the spec layer, and so `mtprun validate`,
 imports them for their configs); their Triton row functions take `jit` and `tl` from
@@ -22,9 +24,13 @@ mtprun.losses.triton_jit, so an install without triton still validates recipes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from mtprun.losses.rows import RowInputs, RowLoss, RowStats
+    from mtprun.losses.stats import Stat
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -89,3 +95,29 @@ class TritonCall:
     row: TritonRow
     options: tuple = ()
     params: tuple[float, ...] = ()
+
+
+@runtime_checkable
+class LossUnit(Protocol):
+    """A loss-kind unit module (the module docstring says what each member is). `term` is an
+    instance of the unit's own `CONFIG`."""
+
+    CONFIG: type[BaseModel]
+    TRITON_ROW: TritonRow | None
+
+    def needs(self, term: Any) -> frozenset[Stat]: ...
+
+    def metric_names(self, term: Any) -> tuple[str, ...]: ...
+
+    def row_loss(self, term: Any, stats: RowStats, inputs: RowInputs) -> RowLoss: ...
+
+    def unfused_cost(self, term: Any) -> UnfusedCost: ...
+
+    def describe(self, term: Any) -> tuple[str, str] | None: ...
+
+    def triton(self, term: Any, *, has_old: bool, has_ref: bool) -> TritonCall: ...
+
+
+def kind_of(unit: LossUnit) -> str:
+    """The `kind` a unit's terms carry in recipes (its CONFIG's `kind` default)."""
+    return unit.CONFIG.model_fields["kind"].default

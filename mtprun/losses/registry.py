@@ -1,27 +1,45 @@
-"""The loss kinds: one unit module each (see mtprun.losses.kind for what a unit provides).
+"""The loss kinds: one unit module each (`mtprun.losses.kind.LossUnit` says what a unit
+provides).
 
-`UNITS` is the only list of kinds; the recipe union, the kind names, the row math dispatch
-and the Triton row functions are derived from it. A new kind is a new unit appended here.
+`UNITS` is the extension point and its module list the only list of kinds; the recipe union,
+the kind names, the row math dispatch and the Triton row functions are derived from it. A new
+kind is a new unit module plus its line here. The units are imported here, at import of this
+module (the spec layer needs the union of their configs at once; they import no torch).
 """
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Annotated, Union
 
 from pydantic import Field
 
-from mtprun.losses import ce, distill, entropy, grpo, mtp, z_loss
-from mtprun.losses.kind import TritonCall, TritonRow, UnfusedCost
+from mtprun.losses.kind import LossUnit, TritonCall, TritonRow, UnfusedCost, kind_of
 from mtprun.losses.router import TRUNK_CONFIGS, TrunkTermConfig
 from mtprun.losses.rows import RowInputs, RowLoss, RowStats
 from mtprun.losses.stats import Stat
+from mtprun.units import Units, register_point
 
-UNITS: tuple[ModuleType, ...] = (ce, z_loss, grpo, entropy, distill, mtp)
-KINDS: tuple[str, ...] = tuple(unit.CONFIG.model_fields["kind"].default for unit in UNITS)
+UNITS: Units[LossUnit] = register_point(
+    Units(
+        "loss kind",
+        LossUnit,
+        (
+            "mtprun.losses.ce",
+            "mtprun.losses.z_loss",
+            "mtprun.losses.grpo",
+            "mtprun.losses.entropy",
+            "mtprun.losses.distill",
+            "mtprun.losses.mtp",
+        ),
+        name=kind_of,
+    )
+)
+"""The loss kinds, in the order the Triton kernel adds their coefficients."""
+
+KINDS: tuple[str, ...] = UNITS.names()
 
 LossTerm = Annotated[
-    Union[tuple(unit.CONFIG for unit in UNITS)],  # noqa: UP007 (a union built from the units)
+    Union[tuple(unit.CONFIG for unit in UNITS.units)],  # noqa: UP007 (a union built from the units)
     Field(discriminator="kind"),
 ]
 """A head term: the union of the units' configs (what the fused head kernel computes)."""
@@ -30,7 +48,7 @@ TRUNK_KINDS: tuple[str, ...] = tuple(c.model_fields["kind"].default for c in TRU
 """Kinds of the trunk losses (`mtprun.losses.router`): recipe terms the head never sees."""
 
 RecipeTerm = Annotated[
-    Union[tuple(unit.CONFIG for unit in UNITS) + TRUNK_CONFIGS],  # noqa: UP007
+    Union[tuple(unit.CONFIG for unit in UNITS.units) + TRUNK_CONFIGS],  # noqa: UP007
     Field(discriminator="kind"),
 ]
 """One item of a recipe's `losses:` list: a head term or a trunk term."""
@@ -41,15 +59,13 @@ def is_trunk_term(term: object) -> bool:
     return isinstance(term, TrunkTermConfig)
 
 
-TRITON_ROWS: tuple[TritonRow, ...] = tuple(u.TRITON_ROW for u in UNITS if u.TRITON_ROW)
+TRITON_ROWS: tuple[TritonRow, ...] = tuple(u.TRITON_ROW for u in UNITS.units if u.TRITON_ROW)
 """Every Triton row function, in unit order (the order the kernel adds their coefficients)."""
 
-_BY_KIND: dict[str, ModuleType] = dict(zip(KINDS, UNITS, strict=True))
 
-
-def unit_of(term: LossTerm) -> ModuleType:
+def unit_of(term: LossTerm) -> LossUnit:
     """The unit module of `term`'s kind."""
-    return _BY_KIND[term.kind]
+    return UNITS.by_name[term.kind]
 
 
 def needs(term: LossTerm) -> frozenset[Stat]:
