@@ -37,7 +37,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from mtprun.runner.run import checkpoint
     from mtprun.runner.run.export import export_checkpoint
-    from mtprun.runner.run.run_dir import RunDir
+    from mtprun.runner.run_dir import RunDir
 
     run_dir = RunDir(args.run_dir)
     try:

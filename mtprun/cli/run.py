@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from mtprun.runner.run.launch import RunFolderError, resume_run, start_run
-    from mtprun.runner.run.run_dir import RunDir
+    from mtprun.runner.run_dir import RunDir
     from mtprun.runner.tracking.tracker import TrackingUnavailable
 
     recipe = check.recipe

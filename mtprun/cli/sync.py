@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_folder(path: Path) -> Path:
     """`path` when it holds a run (checked before the lock file is created in it)."""
-    from mtprun.runner.run.run_dir import RunDir
+    from mtprun.runner.run_dir import RunDir
 
     RunDir(path).read_state()
     return path

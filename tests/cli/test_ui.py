@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from mtprun.cli import main
 from mtprun.runner.net import free_port
-from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run_dir import RunDir
 
 MTPRUN = Path(sys.executable).parent / "mtprun"  # the installed console script
 

@@ -5,8 +5,9 @@ import torch
 from mlflow import MlflowClient
 from safetensors.torch import load_file
 
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.run import checkpoint
-from mtprun.runner.run.export import export_checkpoint, save_hf_folder
+from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.tracking.spool import Spool
 from mtprun.runner.tracking.tracker import Tracker, flatten
 

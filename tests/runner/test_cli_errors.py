@@ -3,7 +3,7 @@
 import pytest
 
 from mtprun.cli import main
-from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run_dir import RunDir
 
 
 @pytest.mark.parametrize("command", ["resume", "export", "ui", "eval"])

@@ -18,9 +18,9 @@ import pytest
 from safetensors.torch import load_file
 
 from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
-from mtprun.models.family import family_of
+from mtprun.models.families import family_of
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.rollout.engine import RolloutEngine
-from mtprun.runner.run.export import save_hf_folder
 from mtprun.spec.rollout import RolloutSection
 
 from .qwen3_folders import build_glm4_moe_folder, build_qwen3_folder, build_qwen3_moe_folder

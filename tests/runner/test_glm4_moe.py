@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape, build_tiny_model, hf_to_megatron, megatron_to_hf
 from mtprun.models.expert_shape import ExpertShape
-from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyExperts, TinyModel
 

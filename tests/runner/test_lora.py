@@ -113,7 +113,7 @@ def test_lora_equals_peft(request, megatron_tp1, fixture):
 
 
 def test_lora_merged_weights_score_like_the_adapters(megatron_tp1, tiny_qwen3_dir, tmp_path):
-    from mtprun.runner.run.export import save_hf_folder
+    from mtprun.runner.policy_folder import save_hf_folder
 
     trainer = _trainer(tiny_qwen3_dir, lora={"rank": 8, "targets": ["qkv", "fc2"]}, trainer=ADAMW)
     assert trainer.recipe.model.lora.modules == ("q_proj", "k_proj", "v_proj", "down_proj")

@@ -20,8 +20,8 @@ from mtprun.compiler import compile_recipe
 from mtprun.models.lora import is_adapter
 from mtprun.runner.run import checkpoint
 from mtprun.runner.run.export import export_checkpoint
-from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.stages import plan_stages
+from mtprun.runner.run_dir import RunDir
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.runner.trainer.worker import TrainerWorker
 

@@ -14,7 +14,7 @@ from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape
 from mtprun.models.lora import init_adapters, peft_name
 from mtprun.runner.net import free_port
-from mtprun.runner.run.export import save_peft_adapter
+from mtprun.runner.policy_folder import save_peft_adapter
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import LoRASection
 from mtprun.spec.parallel import ParallelSection

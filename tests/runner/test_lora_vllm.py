@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from mtprun.models import ModelShape
 from mtprun.models.lora import init_adapters, peft_name
+from mtprun.runner.policy_folder import save_peft_adapter
 from mtprun.runner.rollout.engine import checkpoint_dtype, configure_vllm_env
-from mtprun.runner.run.export import save_peft_adapter
 from mtprun.spec.model import LoRASection
 
 pytestmark = pytest.mark.slow

@@ -28,7 +28,7 @@ from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape, build_tiny_model
 from mtprun.models.folder_tensors import folder_tensor_names
 from mtprun.preflight import check_recipe
-from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.spec.model import TinyExperts, TinyModel
 
 from .cli_run import E2E_TINY, RunRecord, finish, start, write_recipe

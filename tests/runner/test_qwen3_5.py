@@ -19,7 +19,7 @@ from mtprun.data.batch import PackedBatch
 from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
 from mtprun.models.qwen3_5_shape import FULL_ATTENTION, LINEAR_ATTENTION, LinearAttentionShape
 from mtprun.models.tp_layout import unshard
-from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch

@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.rollout.engine import RolloutEngine
-from mtprun.runner.run.export import save_hf_folder
 from mtprun.spec.rollout import RolloutSection
 
 from .qwen3_5_folders import build_qwen3_5_folder

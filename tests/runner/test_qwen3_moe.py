@@ -14,7 +14,7 @@ from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
 from mtprun.models.expert_shape import ExpertShape
 from mtprun.runner.net import free_port
-from mtprun.runner.run.export import save_hf_folder
+from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.parallel import ParallelSection
 

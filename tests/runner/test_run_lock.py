@@ -14,7 +14,7 @@ import pytest
 
 from mtprun.cli import main
 from mtprun.runner.run.lock import RunFolderLocked, RunLock
-from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run_dir import RunDir
 
 from .cli_run import ENV
 

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from mtprun.cli import main
 from mtprun.runner.net import free_port
 from mtprun.runner.run.lock import RunLock
-from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run_dir import RunDir
 from mtprun.runner.tracking.server import MlflowServer
 from mtprun.runner.tracking.spool import Spool
 from mtprun.runner.tracking.tracker import Tracker

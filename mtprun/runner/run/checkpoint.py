@@ -20,7 +20,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from mtprun.runner.run.run_dir import write_json_atomic
+from mtprun.runner.run_dir import write_json_atomic
 
 _PREFIX = "step_"
 

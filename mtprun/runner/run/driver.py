@@ -41,12 +41,12 @@ from mtprun.runner.run.export import export_checkpoint
 from mtprun.runner.run.progress import RunProgress, summary_line
 from mtprun.runner.run.ray_session import connect_ray
 from mtprun.runner.run.rollouts_ahead import RolloutsAhead
-from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage, plan_stages
 from mtprun.runner.run.steps import StepResult, generate_rollout, grpo_step, sft_step
 from mtprun.runner.run.stop import StopRequest
 from mtprun.runner.run.weight_sync import WeightSync
+from mtprun.runner.run_dir import RunDir
 from mtprun.runner.tracking.tracker import Tracker
 from mtprun.runner.trainer.group import TrainerDied, TrainerGroup
 from mtprun.spec import Recipe

@@ -22,7 +22,7 @@ from mtprun.runner.run import checkpoint
 from mtprun.runner.run.evaluation import Evaluator
 from mtprun.runner.run.lock import RunLock
 from mtprun.runner.run.ray_session import connect_ray
-from mtprun.runner.run.run_dir import RunDir, write_json_atomic
+from mtprun.runner.run_dir import RunDir, write_json_atomic
 from mtprun.spec import Recipe
 from mtprun.spec.actors import ActorDemand
 from mtprun.spec.eval import EvalSection

@@ -11,8 +11,8 @@ from rich.console import Console
 from mtprun.runner.run.driver import Driver
 from mtprun.runner.run.lock import RunFolderError, RunLock
 from mtprun.runner.run.progress import close_logging, setup_logging
-from mtprun.runner.run.run_dir import RunDir
 from mtprun.runner.run.stages import plan_stages
+from mtprun.runner.run_dir import RunDir
 from mtprun.runner.tracking.spool import Spool
 from mtprun.runner.tracking.tracker import Tracker, flatten, git_commit
 from mtprun.spec import Recipe

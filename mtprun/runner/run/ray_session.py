@@ -10,7 +10,7 @@ import time
 
 import ray
 
-from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run_dir import RunDir
 from mtprun.spec import Recipe
 from mtprun.spec.actors import ActorDemand
 

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from mtprun.runner.run.run_dir import write_json_atomic
+from mtprun.runner.run_dir import write_json_atomic
 
 Record = dict[str, Any]
 

@@ -16,7 +16,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from mtprun.runner.run.run_dir import RunDir
+from mtprun.runner.run_dir import RunDir
 from mtprun.runner.tracking.spool import Spool
 from mtprun.runner.tracking.writer import TrackingWriter, fail_fast_http
 

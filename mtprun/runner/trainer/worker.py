@@ -13,7 +13,7 @@ import torch
 from mtprun.compiler import HeadPlan
 from mtprun.data.batch import PackedBatch
 from mtprun.runner.net import free_port
-from mtprun.runner.run.export import (
+from mtprun.runner.policy_folder import (
     ADAPTER_FOLDER,
     HF_FOLDER,
     save_hf_folder,
