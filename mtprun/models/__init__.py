@@ -1,5 +1,5 @@
-"""Models: the model families (`mtprun.models.family`), the model shape, tiny random-init HF
-checkpoints and HF <-> Megatron-core weight conversion."""
+"""Models: the model families (`mtprun.models.families`, one folder each), the model shape,
+tiny random-init HF checkpoints and HF <-> Megatron-core weight conversion."""
 
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 hf_to_megatron gives one tensor- and expert-parallel rank's shards; megatron_to_hf takes full
 tensors (gather them first: `tp_layout.gather_state_dict`, `ep_layout.gather_state_dict`). Each
-family names the converter modules that together cover its tensors (`mtprun.models.family`):
-the shared decoder trunk (`mtprun.models.decoder`), for MiMo its MTP layers
-(`mtprun.models.mimo`), for MoE families their sparse MLPs (`mtprun.models.moe`).
+family names the converter modules that together cover its tensors (`Family.converters`): the
+shared decoder trunk (`mtprun.models.decoder`), for MoE families their sparse MLPs
+(`mtprun.models.moe`), and its own in its folder (`mtprun.models.families.<name>`: MiMo's and
+GLM-4.5's MTP layers, Qwen3.5's whole model).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from types import ModuleType
 import torch
 
 from mtprun.models import ep_layout, tp_layout
-from mtprun.models.family import family_of
+from mtprun.models.families import family_of
 from mtprun.models.shape import ModelShape
 
 

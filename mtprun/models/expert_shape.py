@@ -1,11 +1,10 @@
-"""The mixture-of-experts part of a model shape, and how each MoE family's config.json
-declares it. Imports no torch: `mtprun validate` reads shapes through it."""
+"""The mixture-of-experts part of a model shape (each MoE family's folder reads it from its
+config.json: `Family.experts`). Imports no torch: `mtprun validate` reads shapes through it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -38,41 +37,3 @@ class ExpertShape:
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer `index` (0-based) has experts."""
         return index not in self.dense_layers
-
-
-def qwen3_moe_experts(config: Mapping[str, Any]) -> ExpertShape:
-    """Qwen3-MoE: softmax router, no shared expert; layer i is sparse unless it is listed in
-    `mlp_only_layers` or (i + 1) is not a multiple of `decoder_sparse_step`."""
-    layers = int(config["num_hidden_layers"])
-    step = int(config.get("decoder_sparse_step") or 1)
-    dense_only = set(config.get("mlp_only_layers") or ())
-    return ExpertShape(
-        # transformers 5 writes the count as num_local_experts; the released configs as
-        # num_experts.
-        count=int(config.get("num_experts") or config["num_local_experts"]),
-        top_k=int(config["num_experts_per_tok"]),
-        intermediate=int(config["moe_intermediate_size"]),
-        normalize_top_k=bool(config.get("norm_topk_prob", False)),
-        dense_layers=tuple(i for i in range(layers) if i in dense_only or (i + 1) % step),
-    )
-
-
-def glm4_moe_experts(config: Mapping[str, Any]) -> ExpertShape:
-    """GLM-4.5 / 4.6: sigmoid router with a per-expert score-correction bias and grouped
-    top-k, scaled weights, `n_shared_experts` shared experts (one MLP of their summed width);
-    the first `first_k_dense_replace` layers are dense."""
-    shared = int(config.get("n_shared_experts") or 0)
-    width = int(config["moe_intermediate_size"])
-    return ExpertShape(
-        count=int(config["n_routed_experts"]),
-        top_k=int(config["num_experts_per_tok"]),
-        intermediate=width,
-        normalize_top_k=bool(config.get("norm_topk_prob", True)),
-        score="sigmoid",
-        score_bias=True,
-        groups=int(config.get("n_group") or 1),
-        group_top_k=int(config.get("topk_group") or 1),
-        scaling=float(config.get("routed_scaling_factor") or 1.0),
-        shared_intermediate=shared * width,
-        dense_layers=tuple(range(int(config.get("first_k_dense_replace") or 0))),
-    )

