@@ -336,7 +336,7 @@ def _chunk_gemm_rates(rows: int, weight: torch.Tensor, grad_w: torch.Tensor) -> 
 
 def kernel_sweep(h: int, v: int, rows: int = 2560) -> None:
     """Bandwidth of the sft row kernel (3 passes) over tile widths and warps."""
-    from mtprun.kernels.inputs import row_groups
+    from mtprun.kernels.row_groups import row_groups
     from mtprun.kernels.triton import groups, launch
 
     plan = HeadPlan.from_losses(PLANS["sft"])

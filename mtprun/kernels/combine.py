@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from mtprun import losses
-from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
+from mtprun.kernels.inputs import HeadInputs
+from mtprun.kernels.row_groups import RowGroup, aggregation_weights
 from mtprun.losses import GradCoeffs, RowInputs, RowStats, grpo, sampler
 
 

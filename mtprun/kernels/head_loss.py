@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from mtprun.kernels.inputs import HeadInputs, row_groups
+from mtprun.kernels.inputs import HeadInputs
 from mtprun.kernels.output import HeadLossOutput
+from mtprun.kernels.row_groups import row_groups
 from mtprun.kernels.torch_engine import Chunking, Gradients, TorchHeadEngine
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from mtprun.kernels.inputs import RowGroup
+from mtprun.kernels.row_groups import RowGroup
 from mtprun.losses import RowStats, Stat, needs
 
 

@@ -32,8 +32,9 @@ from mtprun.kernels.combine import (
     row_inputs,
     with_sequence_ratio,
 )
-from mtprun.kernels.inputs import HeadInputs, RowGroup
+from mtprun.kernels.inputs import HeadInputs
 from mtprun.kernels.online_stats import PartialStats, StatsSpec, finalize, merge, tile_stats
+from mtprun.kernels.row_groups import RowGroup
 from mtprun.losses import GradCoeffs, RowInputs, RowStats
 
 _FLOAT32_BYTES = 4

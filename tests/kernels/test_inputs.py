@@ -9,7 +9,7 @@ import torch
 
 from mtprun.compiler import HeadPlan
 from mtprun.kernels import Chunking, HeadInputs, head_loss
-from mtprun.kernels.inputs import mtp_valid, sequence_ids
+from mtprun.kernels.row_groups import mtp_valid, sequence_ids
 
 from .cases import make_problem
 

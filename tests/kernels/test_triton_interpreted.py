@@ -22,7 +22,7 @@ import torch
 
 from mtprun.compiler import HeadPlan
 from mtprun.kernels import HeadInputs
-from mtprun.kernels.inputs import row_groups
+from mtprun.kernels.row_groups import row_groups
 from mtprun.kernels.triton import launch, rows, triton_head_loss
 from mtprun.kernels.triton.select import select_policy_rows, selects_on_device
 

@@ -1,6 +1,6 @@
 """Device-side per-row data of one row group: kernel row functions, weights and input slices.
 
-A `RowGroup` (mtprun.kernels.inputs) says which rows and terms; `KernelGroup` adds what the
+A `RowGroup` (mtprun.kernels.row_groups) says which rows and terms; `KernelGroup` adds what the
 Triton kernel reads: the terms' row functions with their options (`KernelTerms`), the student
 rows, the [R, rows.NUM_WEIGHTS] weight matrix (each term's weight times its aggregation
 weight), the per-token RL inputs gathered to the rows, and the buffers the kernel writes
@@ -16,7 +16,8 @@ import torch
 import triton.language as tl
 
 from mtprun import losses
-from mtprun.kernels.inputs import HeadInputs, RowGroup, aggregation_weights
+from mtprun.kernels.inputs import HeadInputs
+from mtprun.kernels.row_groups import RowGroup, aggregation_weights
 from mtprun.kernels.triton import rows as k
 from mtprun.losses import LossAgg, grpo, sampler
 from mtprun.losses.kind import TritonCall

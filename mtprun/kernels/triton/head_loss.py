@@ -7,8 +7,9 @@ import torch
 from mtprun import losses
 from mtprun.compiler import HeadPlan
 from mtprun.kernels.combine import sampler_metrics
-from mtprun.kernels.inputs import HeadInputs, row_groups
+from mtprun.kernels.inputs import HeadInputs
 from mtprun.kernels.output import HeadLossOutput
+from mtprun.kernels.row_groups import row_groups
 from mtprun.kernels.triton import groups as kg
 from mtprun.kernels.triton import rows as k
 from mtprun.kernels.triton.engine import DEFAULT_CHUNK_BYTES, run_chunks

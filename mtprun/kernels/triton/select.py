@@ -1,6 +1,6 @@
 """Policy-row selection on the GPU: one Triton launch and one device read.
 
-The generic `row_groups` (mtprun.kernels.inputs) issues ~30 small torch ops before the first
+The generic `row_groups` (mtprun.kernels.row_groups) issues ~30 small torch ops before the first
 logits GEMM can be queued. At 3% active rows the whole step is a few milliseconds, and the
 GPU idled while Python issued them (bench/triton_notes.md, v4). Here:
 
@@ -26,13 +26,8 @@ import triton
 import triton.language as tl
 
 from mtprun.compiler import HeadPlan
-from mtprun.kernels.inputs import (
-    HeadInputs,
-    RowGroup,
-    check_finite_rows,
-    check_values,
-    policy_group,
-)
+from mtprun.kernels.inputs import HeadInputs
+from mtprun.kernels.row_groups import RowGroup, check_finite_rows, check_values, policy_group
 
 # One 16-row tile per program up to N = 16384 rows, four 1024-wide hidden tiles at H = 4096:
 # the selection kernel sits between the host and the first GEMM, so it is sized for latency

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mtprun.runner.net import free_port
 from mtprun.runner.trainer.cpu_shims import apply_cpu_shims, needs_cpu_shims, reset_rng_tracker
 
 
@@ -65,6 +66,33 @@ def init_parallel(
     else:
         model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
+
+
+def ensure_parallel(parallel: Any, seed: int) -> None:
+    """Initialise a single-process layout, or check that the initialised one is the recipe's
+    `parallel` section (a Trainer built without `init_parallel`: tests, one-process runs)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        sizes = {
+            "tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+            "cp": parallel_state.get_context_parallel_world_size(),
+            "dp": parallel_state.get_data_parallel_world_size(),
+        }
+        asked = {name: getattr(parallel, name) for name in sizes}
+        if asked != sizes:
+            raise ValueError(
+                f"parallel: the recipe asks for {asked} but this process group was initialised "
+                f"with {sizes}; pass the recipe's parallel section to init_parallel"
+            )
+        return
+    if parallel.world_size != 1:
+        raise RuntimeError(
+            f"parallel: {parallel.world_size} trainer processes; call "
+            "mtprun.runner.trainer.parallel.init_parallel(...) in each of them before Trainer(...)"
+        )
+    init_parallel(parallel, 0, 1, "127.0.0.1", free_port(), seed=seed)
 
 
 def data_parallel_replica(rank: int, parallel: Any) -> int:

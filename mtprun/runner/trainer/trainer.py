@@ -37,7 +37,6 @@ from mtprun.models.pp_layout import (
     splits_tied_embedding,
 )
 from mtprun.models.tp_layout import gather_state_dict
-from mtprun.runner.net import free_port
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.lora import attach_lora
@@ -49,7 +48,7 @@ from mtprun.runner.trainer.model import (
     sum_partial_grads,
 )
 from mtprun.runner.trainer.optim import NormScope, build_groups
-from mtprun.runner.trainer.parallel import init_parallel
+from mtprun.runner.trainer.parallel import ensure_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
 from mtprun.runner.trainer.replay import ReplayRouting, routed_experts_of
 from mtprun.runner.trainer.routing import RouterStats
@@ -79,7 +78,31 @@ class Trainer:
             )
         refuse_what_cannot_fit(recipe, plan, self.device)
         _check_context_parallel(plan, recipe.parallel.cp)
-        _ensure_parallel(recipe)
+        ensure_parallel(recipe.parallel, recipe.seed)
+        self._join_parallel_groups(plan)
+        self.shape = ModelShape.from_model_dir(model_dir)
+        _check_mtp_layers(self.shape, plan, model_dir)
+        self.stage = PipelineStage(
+            parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            self.shape.layers,
+        )
+        self._load_model(recipe, Path(model_dir), plan)
+        self.routing = RouterStats(self.model) if self.shape.experts else None
+        if recipe.trainer.router_replay and not self.shape.experts:
+            raise ValueError(
+                "trainer.router_replay replays the routing of a mixture-of-experts model, and "
+                f"{model_dir} is dense"
+            )
+        # Rollout tokens route to the engine's experts (trainer.router_replay).
+        self.replay = (
+            ReplayRouting(self.model, self.shape.layers) if recipe.trainer.router_replay else None
+        )
+        self.step = 0
+        self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
+
+    def _join_parallel_groups(self, plan: HeadPlan) -> None:
+        """This rank's tensor / data / context-parallel sizes and groups (Megatron's)."""
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.tp_group = (
             parallel_state.get_tensor_model_parallel_group() if self.tp_size > 1 else None
@@ -92,13 +115,11 @@ class Trainer:
                 f"the HeadPlan was compiled for tp_size={plan.tp_size} but parallel.tp="
                 f"{self.tp_size}; compile it from the same recipe"
             )
-        self.shape = ModelShape.from_model_dir(model_dir)
-        _check_mtp_layers(self.shape, plan, model_dir)
-        self.stage = PipelineStage(
-            parallel_state.get_pipeline_model_parallel_rank(),
-            parallel_state.get_pipeline_model_parallel_world_size(),
-            self.shape.layers,
-        )
+
+    def _load_model(self, recipe: Recipe, model_dir: Path, plan: HeadPlan) -> None:
+        """This rank's part of the policy (with its LoRA adapters), the distillation
+        teacher, the optimizer's parameter groups (or Megatron's mixed precision) and the
+        scope of the gradient norm."""
         tp = (parallel_state.get_tensor_model_parallel_rank(), self.tp_size)
         self.ep_size = parallel_state.get_expert_model_parallel_world_size()
         ep = (parallel_state.get_expert_model_parallel_rank(), self.ep_size)
@@ -111,7 +132,7 @@ class Trainer:
         mixed = mixed and separate is None
         weights = torch.bfloat16 if mixed else torch.float32
         self.model = load_policy_model(
-            Path(model_dir),
+            model_dir,
             self.shape,
             self.device,
             *tp,
@@ -139,18 +160,6 @@ class Trainer:
             ep=parallel_state.get_expert_model_parallel_group() if self.ep_size > 1 else None,
             copies=copies,
         )
-        self.routing = RouterStats(self.model) if self.shape.experts else None
-        if recipe.trainer.router_replay and not self.shape.experts:
-            raise ValueError(
-                "trainer.router_replay replays the routing of a mixture-of-experts model, and "
-                f"{model_dir} is dense"
-            )
-        # Rollout tokens route to the engine's experts (trainer.router_replay).
-        self.replay = (
-            ReplayRouting(self.model, self.shape.layers) if recipe.trainer.router_replay else None
-        )
-        self.step = 0
-        self._logprob_plan = HeadPlan.from_losses([{"kind": "ce"}], tp_size=self.tp_size)
 
     def train_step(self, micro_batches: list[PackedBatch]) -> dict[str, float]:
         """Accumulate gradients over the micro batches, then one clipped optimizer step.
@@ -562,30 +571,6 @@ def _check_context_parallel(plan: HeadPlan, cp: int) -> None:
                 f"losses: the {term.kind} term's loss_agg {term.loss_agg!r} needs whole "
                 f"sequences and parallel.cp={cp} splits them; use loss_agg: token-mean"
             )
-
-
-def _ensure_parallel(recipe: Recipe) -> None:
-    """Initialise a single-process layout, or check that the initialised one is the recipe's."""
-    if parallel_state.model_parallel_is_initialized():
-        sizes = {
-            "tp": parallel_state.get_tensor_model_parallel_world_size(),
-            "pp": parallel_state.get_pipeline_model_parallel_world_size(),
-            "cp": parallel_state.get_context_parallel_world_size(),
-            "dp": parallel_state.get_data_parallel_world_size(),
-        }
-        asked = {name: getattr(recipe.parallel, name) for name in sizes}
-        if asked != sizes:
-            raise ValueError(
-                f"parallel: the recipe asks for {asked} but this process group was initialised "
-                f"with {sizes}; pass the recipe's parallel section to init_parallel"
-            )
-        return
-    if recipe.parallel.world_size != 1:
-        raise RuntimeError(
-            f"parallel: {recipe.parallel.world_size} trainer processes; call "
-            "mtprun.runner.trainer.parallel.init_parallel(...) in each of them before Trainer(...)"
-        )
-    init_parallel(recipe.parallel, 0, 1, "127.0.0.1", free_port(), seed=recipe.seed)
 
 
 def _read_floats(values: list[float | torch.Tensor]) -> list[float]:
