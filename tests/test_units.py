@@ -82,9 +82,9 @@ def test_units_satisfy_their_contract(point: str) -> None:
 
 
 def _folder_units(units: Units) -> tuple[str, set[str]] | None:
-    """Where all of a point's units are modules of one package: that package and the modules
-    of it that look like units (define the contract's first declared member: its first data
-    attribute, else its first method)."""
+    """Where all of a point's units are modules (or subpackages) of one package: that package
+    and the modules of it that look like units (define the contract's first declared member:
+    its first data attribute, else its first method)."""
     packages = {path.rpartition(".")[0] for path in units.modules}
     if len(packages) != 1:
         return None
@@ -95,12 +95,15 @@ def _folder_units(units: Units) -> tuple[str, set[str]] | None:
         name for name, value in declared.items() if inspect.isfunction(value)
     )
     found = set()
-    for path in folder.glob("*.py"):
-        if path.name == "__init__.py":
+    for path in folder.iterdir():  # unit modules, and unit packages (their __init__.py)
+        if path.is_dir():
+            name, path = path.name, path / "__init__.py"
+        else:
+            name = path.stem
+        if path.suffix != ".py" or name == "__init__" or not path.is_file():
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        if _defines(tree, first):
-            found.add(f"{package}.{path.stem}")
+        if _defines(ast.parse(path.read_text(encoding="utf-8")), first):
+            found.add(f"{package}.{name}")
     return package, found
 
 
