@@ -99,6 +99,8 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
     from mtprun.data.sft import load_conversations
     from mtprun.data.tasks import load_environment_class, task_for
     from mtprun.data.trajectory import expert_rollout
+    from mtprun.sources.scoring import InWorkers
+    from mtprun.spec.sources import prompt_source, reward_source
 
     model_path = recipe.model.path
     sft_sections = [("data", recipe.data)]
@@ -122,10 +124,11 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
         task_section = recipe.task
         renderer = renderer_for(task_section.template, model_path, task_section.renderer)
         task = task_for(task_section, recipe.seed)
-        # A rule reward scores the expert's episodes; an endpoint judge (or several rewards
-        # by weight) is not called here.
+        # A rule reward (one run in the reward workers) scores the expert's episodes; a judge
+        # (or several rewards by weight) is not called here.
         effective = task_section.effective_reward
-        reward = load_reward(effective) if isinstance(effective, str) else None
+        plan = reward_source(effective).scoring(effective) if effective is not None else None
+        reward = load_reward(plan.reference) if isinstance(plan, InWorkers) else None
         environment = (
             load_environment_class(task_section.environment) if task_section.environment else None
         )
@@ -142,11 +145,7 @@ def _sources(recipe: Recipe, n: int) -> Iterator[Source]:
             )
             samples.append(Sample(trajectory, note))
         prompts = task_section.prompts
-        name = (
-            task_section.name
-            if prompts is None
-            else getattr(prompts, "path", None) or f"reasoning_gym {prompts.reasoning_gym}"
-        )
+        name = task_section.name if prompts is None else prompt_source(prompts).describe(prompts)
         title = (
             f"task: {name} (RL, template {task_section.template}, "
             "scripted expert in place of the policy)"

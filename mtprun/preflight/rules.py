@@ -1,6 +1,8 @@
 """The rules that hold a recipe against what lies outside it: the model's shape (from
 `model.tiny` or its folder's config.json), data sources on disk, the reward and environment
-code it names, the trainer's memory against `resources.gpu_memory_gib`.
+code it names, the trainer's memory against `resources.gpu_memory_gib`. A task's, its
+prompts' and its rewards' own checks are their sources' (mtprun.spec.sources): these rules
+only locate what they find.
 
 `PREFLIGHT_RULES` runs the recipe's own rules (`mtprun.spec.rules.SPEC_RULES`) and then these,
 each reported at the offending value like the recipe's own.
@@ -9,25 +11,21 @@ each reported at the offending value like the recipe's own.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from mtprun.data.reasoning_gym import dataset_problem
-from mtprun.data.rewards import reward_problem
-from mtprun.data.rewards.endpoint import parse_problem, template_problem
 from mtprun.data.tasks import TASKS, load_environment_class
 from mtprun.models.peft_adapter import adapter_problem
 from mtprun.models.qwen3_5_shape import LAYER_KINDS, LINEAR_ATTENTION, unknown_layer_types
 from mtprun.models.shape import HF_CONFIG_KEYS, ModelShape
 from mtprun.preflight.model_shape import policy_shape
-from mtprun.preflight.reward_models import served_model_problems
-from mtprun.spec.data import DATA_FILE_SUFFIXES, ReasoningGymSpec
+from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import did_you_mean
 from mtprun.spec.model import VOCAB_MULTIPLE
 from mtprun.spec.recipe import Recipe
-from mtprun.spec.rewards import ServedReward, is_parse_function
 from mtprun.spec.rules import SPEC_RULES, Issue, RuleSet, loss_terms, trunk_terms
+from mtprun.spec.sources import prompt_source, reward_source, task_source
 
 PREFLIGHT_RULES = RuleSet(SPEC_RULES)
 rule = PREFLIGHT_RULES.rule
@@ -340,68 +338,49 @@ def _responses_fit_the_model(r: Recipe) -> Iterator[Issue]:
         )
 
 
+def _located(where: KeyPath, problems: Iterable[tuple[Any, ...]]) -> Iterator[Issue]:
+    """A source's check findings (paths below its value) as issues at `where`."""
+    for path, message, *severity in problems:
+        yield Issue((*where, *path), message, *severity)
+
+
 @rule("task")
 def _reward_loads(r: Recipe) -> Iterator[Issue]:
+    # Each reward's source checks it as it will run (importing user code, reading a judge's
+    # template or a served model's folder): its errors are the recipe's.
     if r.task is None:
         return
-    rewards: list[tuple[KeyPath, Any]] = []
     if r.task.reward is not None:
-        rewards.append((("task", "reward"), r.task.reward))
+        reward = r.task.reward
+        yield from _located(("task", "reward"), reward_source(reward).check(reward))
     for i, term in enumerate(r.task.rewards or ()):
-        where: KeyPath = ("task", "rewards", i)
-        rewards.append(
-            ((*where, "reward"), term.reward) if hasattr(term, "reward") else (where, term)
-        )
-    for where, reward in rewards:
-        if isinstance(reward, str):
-            # Imports the reward (user code) as the reward workers will: its errors are the
-            # recipe's.
-            problem = reward_problem(reward)
-            if problem is not None:
-                yield Issue(where, problem)
-            continue
-        if isinstance(reward, ServedReward):  # its folder, config, template and parse
-            for field, problem in served_model_problems(reward):
-                yield Issue((*where, field), problem)
-            continue
-        problem = template_problem(reward.prompt)  # an endpoint judge's prompt template
-        if problem is not None:
-            yield Issue((*where, "prompt"), problem)
-        if is_parse_function(reward.parse) and (problem := parse_problem(reward.parse)):
-            yield Issue((*where, "parse"), problem)
+        where: KeyPath = ("task", "rewards", i, *term.spec_path)
+        yield from _located(where, reward_source(term.spec).check(term.spec))
 
 
-@rule("task", "eval")
-def _reasoning_gym_datasets_exist(r: Recipe) -> Iterator[Issue]:
+@rule("task")
+def _task_source_holds(r: Recipe) -> Iterator[Issue]:
+    # The task's source checks what it reads (datasets on disk, reasoning-gym's datasets, a
+    # corpus), as the run will.
+    if r.task is not None and r.task.type is not None:
+        yield from _located(("task",), task_source(r.task).check(r.task))
+
+
+@rule("eval")
+def _eval_prompts_exist(r: Recipe) -> Iterator[Issue]:
+    prompts = r.eval.prompts if r.eval is not None else None
+    if prompts is not None:
+        yield from _located(("eval", "prompts"), prompt_source(prompts).check(prompts))
+
+
+@rule("data", "warmstart")
+def _sft_sources_exist(r: Recipe) -> Iterator[Issue]:
     sources: list[tuple[KeyPath, Any]] = []
-    if r.task is not None:
-        sources.append((("task", "prompts"), r.task.prompts))
-    if r.eval is not None:
-        sources.append((("eval", "prompts"), r.eval.prompts))
-    for where, source in sources:
-        if not isinstance(source, ReasoningGymSpec):
-            continue
-        # Imports reasoning-gym and builds the dataset (one entry's worth) as the run will.
-        problem = dataset_problem(source.reasoning_gym, source.config)
-        if problem is not None:
-            field, message = problem
-            yield Issue((*where, "reasoning_gym" if field == "name" else "config"), message)
-
-
-@rule("task", "data", "warmstart", "eval")
-def _sources_exist(r: Recipe) -> Iterator[Issue]:
-    sources: list[tuple[KeyPath, Any]] = []
-    if r.task is not None:
-        sources += [(("task", "name"), r.task.name), (("task", "prompts"), r.task.prompts)]
     if r.data is not None:
         sources.append((("data", "source"), r.data.source))
     if r.warmstart is not None:
         sources.append((("warmstart", "data", "source"), r.warmstart.data.source))
-    if r.eval is not None:
-        sources.append((("eval", "prompts"), r.eval.prompts))
     for path, source in sources:
-        if source is None or isinstance(source, ReasoningGymSpec):
-            continue
         if isinstance(source, str) and source in TASKS:
             continue
         file = source if isinstance(source, str) else source.path
@@ -418,13 +397,6 @@ def _sources_exist(r: Recipe) -> Iterator[Issue]:
             )
         elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
             yield Issue(where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}")
-
-
-@rule("task")
-def _search_corpus_exists(r: Recipe) -> Iterator[Issue]:
-    corpus = r.task.search.corpus if r.task is not None and r.task.search is not None else None
-    if corpus is not None and not os.path.isfile(corpus):
-        yield Issue(("task", "search", "corpus"), f"file not found: {corpus}")
 
 
 @rule("task")

@@ -10,11 +10,11 @@ the sum at once: an actor that Ray cannot place waits forever, and the run with 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from mtprun.spec.document import KeyPath
-from mtprun.spec.rewards import ServedReward
 from mtprun.spec.sections import RecipeSections
+from mtprun.spec.sources import reward_source
 
 Resource = Literal["CPU", "GPU"]
 _PER_ACTOR_FIELD: dict[Resource, str] = {
@@ -90,16 +90,17 @@ class ActorDemand:
         )
 
 
-def served_rewards(recipe: RecipeSections) -> list[tuple[KeyPath, ServedReward]]:
-    """The reward models the run serves, each with where the recipe sets it."""
+def served_rewards(recipe: RecipeSections) -> list[tuple[KeyPath, Any]]:
+    """The reward models the run serves (the rewards that run actors of their own), each
+    with where the recipe sets it."""
     task = recipe.task
     if task is None:
         return []
-    found: list[tuple[KeyPath, ServedReward]] = []
-    if isinstance(task.reward, ServedReward):
+    found: list[tuple[KeyPath, Any]] = []
+    if task.reward is not None and reward_source(task.reward).actors(task.reward):
         found.append((("task", "reward"), task.reward))
     for i, term in enumerate(task.rewards or ()):
-        if isinstance(term, ServedReward):
+        if reward_source(term.spec).actors(term.spec):
             found.append((("task", "rewards", i), term))
     return found
 

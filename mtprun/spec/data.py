@@ -3,134 +3,49 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 from mtprun.spec.base import Section
-from mtprun.spec.rewards import EndpointReward, RewardSpec, RewardTerm, ServedReward
+from mtprun.spec.rewards import RewardSpec, RewardTerm
+from mtprun.spec.sources import (
+    PROMPT_SOURCES,
+    TASK_SOURCES,
+    PromptSpec,
+    infer_task_type,
+    task_source,
+)
 
 Template = Literal["char", "chatml", "glm"]
-DATA_FILE_SUFFIXES = (".jsonl", ".parquet", ".arrow", ".csv")
+DATA_FILE_SUFFIXES: tuple[str, ...] = PROMPT_SOURCES["dataset"].SUFFIXES
 """Files a dataset path may name (or a folder may hold); see mtprun/data/datasets.py."""
-REASONING_GYM_REWARD = "reasoning_gym"
+REASONING_GYM_REWARD: str = PROMPT_SOURCES["reasoning_gym"].REWARD
 """The built-in reward that scores a reasoning-gym prompt with its dataset's score_answer."""
 SEARCH_TASK = "search"
 """The built-in Search-R1 task's name (task.name: search, with task.search and task.prompts)."""
 VERIFIERS_ENVIRONMENT = "verifiers:"
 """A task.environment naming a verifiers taskset starts so (see data/tasks/verifiers_env.py)."""
+TaskType = Literal[TASK_SOURCES.names()]  # type: ignore[valid-type]
 
 
-class ColumnMap(Section):
-    """Which columns of a dataset hold what mtprun reads; every column reaches the reward."""
+DatasetSpec = PROMPT_SOURCES["dataset"].CONFIG
+"""A local dataset {path, columns, shuffle, heldout} (mtprun/sources/prompts/dataset.py)."""
+ColumnMap = DatasetSpec.model_fields["columns"].annotation
+ReasoningGymSpec = PROMPT_SOURCES["reasoning_gym"].CONFIG
+"""A reasoning-gym dataset {reasoning_gym, size, seed, config}
+(mtprun/sources/prompts/reasoning_gym.py)."""
 
-    prompt: str | None = Field(
-        None,
-        description="Column of the prompt: a string (one user message) or a list of messages. "
-        "Null: `messages` when the dataset has that column, else `prompt`.",
-    )
-    messages: str | None = Field(
-        None, description="Column of a conversation (a list of {role, content} messages)."
-    )
-    answer: str = Field(
-        "answer",
-        description="Column of the reference answer handed to the reward (optional: a "
-        "dataset without it gives every prompt answer null).",
-    )
-
-    @model_validator(mode="after")
-    def _one_prompt_column(self) -> ColumnMap:
-        if self.prompt is not None and self.messages is not None:
-            raise ValueError(
-                "name the prompt column (`prompt:`) or the conversation column "
-                "(`messages:`), not both"
-            )
-        return self
-
-
-class DatasetSpec(Section):
-    """A local dataset, read with Hugging Face `datasets` (memory-mapped Arrow)."""
-
-    path: str = Field(
-        ...,
-        description="A .jsonl, .parquet, .arrow or .csv file, a folder of them, or a folder "
-        "written by `datasets.save_to_disk` (relative to the recipe file that sets it).",
-    )
-    columns: ColumnMap = Field(
-        default_factory=ColumnMap, description="Column names, when not the default ones."
-    )
-    shuffle: bool = Field(
-        True,
-        description="Visit the rows in a seeded order, a new one each epoch (false: file order).",
-    )
-    heldout: float = Field(
-        0,
-        ge=0,
-        description="Rows held out of training for evaluation: a count (>= 1), or a fraction "
-        "of the rows (< 1); drawn with the recipe's seed.",
-    )
-
-    @field_validator("heldout")
-    @classmethod
-    def _count_or_fraction(cls, value: float) -> float:
-        if value >= 1 and not float(value).is_integer():
-            raise ValueError(
-                f"heldout {value} is neither a row count (a whole number) nor a fraction (< 1)"
-            )
-        return value
-
-    def heldout_rows(self, rows: int) -> int:
-        """How many of `rows` rows are held out."""
-        if self.heldout < 1:
-            return math.floor(self.heldout * rows)
-        return min(int(self.heldout), rows)
-
-
-class ReasoningGymSpec(Section):
-    """Prompts of a reasoning-gym dataset (procedurally generated, with its own scorer)."""
-
-    reasoning_gym: str = Field(
-        ...,
-        description="The reasoning-gym dataset's name (basic_arithmetic, leg_counting, "
-        "countdown, ...); its `score_answer` is the reward when task.reward is not set.",
-    )
-    size: int = Field(
-        1000,
-        ge=1,
-        description="Entries in the dataset (RL steps walk them epoch by epoch, in a seeded "
-        "order; an evaluation reads the first eval.num_prompts).",
-    )
-    seed: int | None = Field(
-        None,
-        description="The dataset's generation seed (null: the recipe's seed for task.prompts, "
-        "a seed drawn from it for eval.prompts, so evaluation entries differ from training's).",
-    )
-    config: dict[str, Any] = Field(
-        default_factory=dict,
-        description="The dataset's own configuration (its config class's fields, such as "
-        "min_terms or max_digits); size and seed are set above.",
-    )
-
-    @field_validator("config")
-    @classmethod
-    def _no_size_or_seed(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in ("size", "seed"):
-            if key in value:
-                raise ValueError(f"set {key} beside reasoning_gym (prompts.{key}), not in config")
-        return value
-
-
-def _prompts_shape(value: Any) -> str:
-    # Tags that no recipe key spells, so that error locations skip them (spec/diagnose.py).
-    return "gym" if isinstance(value, dict) and "reasoning_gym" in value else "files"
-
-
-PromptSource = Annotated[
-    Annotated[DatasetSpec, Tag("files")] | Annotated[ReasoningGymSpec, Tag("gym")],
-    Discriminator(_prompts_shape),
-]
-"""Prompts: a local dataset {path, columns, shuffle, heldout} or a reasoning-gym dataset
-{reasoning_gym, size, seed, config}."""
+PromptSource = PromptSpec
+"""Prompts: one prompt source's config, `type:`-tagged (inferred when unset): a local dataset
+{path, columns, shuffle, heldout} or a reasoning-gym dataset {reasoning_gym, size, seed,
+config}."""
 
 
 RENDERER_DESCRIPTION = (
@@ -292,6 +207,12 @@ class DataSection(Section):
 class TaskSection(Section):
     """Reinforcement learning: prompts, a verifiable reward and the sampling shape."""
 
+    type: TaskType | None = Field(
+        None,
+        description="The task's source (mtprun/sources/tasks/): builtin (task.name, a built-in "
+        "task), prompts (task.prompts), verifiers (task.environment: verifiers:...) or search "
+        "(task.search). Unset: inferred from the fields that are set.",
+    )
     name: str | None = Field(
         None,
         description="A built-in synthetic task (arithmetic, calculator_tool), or a `.jsonl` "
@@ -392,6 +313,24 @@ class TaskSection(Section):
 
     _prompts_path = field_validator("prompts", mode="before")(path_shorthand)
     _renderer = field_validator("renderer")(check_renderer)
+    _type_inferred: bool = PrivateAttr(False)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _infer_type(cls, data: Any, handler: ModelWrapValidatorHandler[TaskSection]) -> TaskSection:
+        """An untagged task's `type`: the first task source that claims its fields."""
+        inferred = isinstance(data, dict) and "type" not in data
+        if inferred:
+            data = {**data, "type": infer_task_type(data)}
+        task = handler(data)
+        if inferred:
+            task._type_inferred = True
+        return task
+
+    @property
+    def type_inferred(self) -> bool:
+        """Whether `type` was inferred from the other fields (the recipe sets none)."""
+        return self._type_inferred
 
     @field_validator("environment")
     @classmethod
@@ -417,15 +356,11 @@ class TaskSection(Section):
         return self.search.max_turns if self.search is not None else self.max_turns
 
     @property
-    def effective_reward(self) -> str | EndpointReward | ServedReward | None:
+    def effective_reward(self) -> Any:
         """The one reward that scores episodes: task.reward, or for reasoning-gym prompts
         their dataset's scorer; None with task.rewards (or an environment's rewards only)."""
-        if (
-            self.reward is None
-            and self.rewards is None
-            and isinstance(self.prompts, ReasoningGymSpec)
-        ):
-            return REASONING_GYM_REWARD
+        if self.reward is None and self.rewards is None and self.type is not None:
+            return task_source(self).default_reward(self)
         return self.reward
 
     @field_validator("reward_on_error")

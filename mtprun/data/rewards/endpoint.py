@@ -207,8 +207,3 @@ def _reply_text(raw: bytes) -> str:
     if not isinstance(content, str):
         raise JudgeError(f"the endpoint's reply content is {content!r:.100}, not text")
     return content
-
-
-def describe(spec: EndpointReward) -> str:
-    """How messages name a judge."""
-    return f"judge {spec.model} at {spec.url}"

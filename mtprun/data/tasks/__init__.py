@@ -44,29 +44,11 @@ def get_task(name: str) -> Task:
 
 
 def task_for(section: TaskSection, seed: int, cache_dir: str | Path | None = None) -> Task:
-    """The task a recipe's `task:` section declares: `prompts` (a dataset, or a
-    reasoning-gym one), `name`, or a verifiers taskset (`environment: verifiers:...`)."""
-    from mtprun.spec.data import DatasetSpec, ReasoningGymSpec
+    """The task a recipe's `task:` section declares: its task source's (`task.type`, see
+    mtprun/sources/tasks/)."""
+    from mtprun.spec.sources import task_source
 
-    if section.verifiers_environment:
-        from mtprun.data.tasks.verifiers_env import VerifiersPromptTask
-
-        return VerifiersPromptTask(section.environment)
-    if section.name == SearchTask.name:
-        if not isinstance(section.prompts, DatasetSpec) or section.search is None:
-            raise ValueError("the search task needs task.prompts (a dataset) and task.search")
-        return SearchTask(section.prompts, section.search, seed, cache_dir)
-    if isinstance(section.prompts, ReasoningGymSpec):
-        from mtprun.data.tasks.gym_prompts import ReasoningGymTask
-
-        return ReasoningGymTask(section.prompts, seed)
-    if section.prompts is not None:
-        from mtprun.data.tasks.dataset_prompts import DatasetPromptTask
-
-        return DatasetPromptTask(section.prompts, seed, cache_dir)
-    if section.name in TASKS:
-        return TASKS[section.name]()
-    return _dataset_task(section.name, seed, cache_dir)
+    return task_source(section).task(section, seed, cache_dir)
 
 
 def _dataset_task(path: str, seed: int, cache_dir: str | Path | None = None) -> Task:

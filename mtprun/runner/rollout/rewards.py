@@ -41,11 +41,11 @@ from typing import Any
 
 from mtprun.data.messages import Conversation, Prompt
 from mtprun.data.rewards import RewardInput, RewardValueError, call_reward, load_reward
-from mtprun.data.rewards.endpoint import EndpointJudge, JudgeError, describe
+from mtprun.data.rewards.endpoint import JudgeError
 from mtprun.runner.rollout.reward_outcome import RewardOutcome
 from mtprun.runner.rollout.scorers import ScorerPlacement, ServedScorer
-from mtprun.runner.rollout.scorers import describe as describe_served
-from mtprun.spec.rewards import EndpointReward, ServedReward
+from mtprun.sources.scoring import InThreads, InWorkers, OnActor, Scoring
+from mtprun.spec.sources import reward_source
 
 log = logging.getLogger("mtprun")
 _CONTEXT = multiprocessing.get_context("spawn")  # the driver holds threads and Ray: no fork
@@ -94,16 +94,18 @@ class EpisodeScorer:
     """The recipe's reward over episodes: reward workers and judges plus the
     `reward_on_error` policy.
 
-    `reward`: one reward (a built-in's name, a function reference, an endpoint judge or a
-    served reward model), the entries of task.rewards (objects with `label`, `weight` and
-    `spec`), or None. An episode whose environment gave a reward keeps it (unscored); without
-    a reward (an environment meant to reward every episode) one it did not reward is an error.
+    `reward`: one reward (a reward source's config: a built-in's name, a function reference,
+    an endpoint judge, a served reward model...), the entries of task.rewards (objects with
+    `label`, `weight` and `spec`), or None. Each reward runs the way its source's scoring plan
+    says (mtprun.sources.scoring). An episode whose environment gave a reward keeps it
+    (unscored); without a reward (an environment meant to reward every episode) one it did not
+    reward is an error.
     Served reward models start here, as Ray actors placed by `placement`.
     """
 
     def __init__(
         self,
-        reward: str | EndpointReward | ServedReward | Sequence[Any] | None,
+        reward: Any,
         workers: int,
         timeout_s: float,
         on_error: float | str,
@@ -118,25 +120,16 @@ class EpisodeScorer:
             specs, self.reward = [], "of task.environment"  # in messages
         else:
             specs = [("total", 1.0, reward)]
-            self.reward = _describe(reward)
-        references = list(dict.fromkeys(s for _, _, s in specs if isinstance(s, str)))
+            self.reward = reward_source(reward).describe(reward)
+        plans = [(name, weight, reward_source(spec).scoring(spec)) for name, weight, spec in specs]
+        references = list(
+            dict.fromkeys(p.reference for _, _, p in plans if isinstance(p, InWorkers))
+        )
         self.pool = RewardPool(references, workers, timeout_s) if references else None
         self.judges: list[JudgePool | ServedScorer] = []
         self._terms: list[_Term] = []
-        for name, weight, spec in specs:
-            if isinstance(spec, str):
-                assert self.pool is not None
-                submit = functools.partial(self.pool.submit, which=references.index(spec))
-                self._terms.append(_Term(name, weight, submit=submit))
-            elif isinstance(spec, ServedReward):
-                if placement is None:
-                    raise ValueError(f"the {describe_served(spec)} needs a placement to run on")
-                served = ServedScorer(spec, placement, timeout_s)
-                self.judges.append(served)
-                self._terms.append(_Term(name, weight, submit_many=served.submit_many))
-            else:
-                self.judges.append(JudgePool(spec, timeout_s))
-                self._terms.append(_Term(name, weight, submit=self.judges[-1].submit))
+        for name, weight, plan in plans:
+            self._terms.append(self._term(name, weight, plan, references, placement, timeout_s))
         try:
             for judge in self.judges:
                 if isinstance(judge, ServedScorer):
@@ -144,6 +137,30 @@ class EpisodeScorer:
         except BaseException:
             self.close()  # the reward workers and the other served models
             raise
+
+    def _term(
+        self,
+        name: str,
+        weight: float,
+        plan: Scoring,
+        references: list[str],
+        placement: ScorerPlacement | None,
+        timeout_s: float,
+    ) -> _Term:
+        """One reward's term, run the way its source's scoring plan says."""
+        if isinstance(plan, InWorkers):
+            assert self.pool is not None
+            submit = functools.partial(self.pool.submit, which=references.index(plan.reference))
+            return _Term(name, weight, submit=submit)
+        if isinstance(plan, OnActor):
+            if placement is None:
+                raise ValueError(f"the {plan.label} needs a placement to run on")
+            served = ServedScorer(plan.spec, placement, timeout_s)
+            self.judges.append(served)
+            return _Term(name, weight, submit_many=served.submit_many)
+        judge = JudgePool(plan, timeout_s)
+        self.judges.append(judge)
+        return _Term(name, weight, submit=judge.submit)
 
     @classmethod
     def for_task(cls, task: Any, placement: ScorerPlacement | None = None) -> EpisodeScorer:
@@ -268,15 +285,16 @@ class EpisodeScorer:
 
 
 class JudgePool:
-    """An endpoint judge scoring episodes in `concurrency` threads; `submit` returns a future
-    outcome. Each call has task.reward_timeout_s from when it starts (its retries included): a
-    call still running then is answered as timed out (its thread is left to finish)."""
+    """A judge scoring episodes in `concurrency` threads (an endpoint judge: its source's
+    InThreads plan); `submit` returns a future outcome. Each call has task.reward_timeout_s
+    from when it starts (its retries included): a call still running then is answered as timed
+    out (its thread is left to finish)."""
 
-    def __init__(self, spec: EndpointReward, timeout_s: float) -> None:
-        self.judge = EndpointJudge(spec)
-        self.label = describe(spec)
+    def __init__(self, plan: InThreads, timeout_s: float) -> None:
+        self.judge = plan.make()
+        self.label = plan.label
         self.timeout_s = timeout_s
-        self._executor = ThreadPoolExecutor(spec.concurrency, thread_name_prefix="mtprun-judge")
+        self._executor = ThreadPoolExecutor(plan.concurrency, thread_name_prefix="mtprun-judge")
 
     def submit(self, episode: RewardInput) -> Future[RewardOutcome]:
         outcome: Future[RewardOutcome] = Future()
@@ -322,15 +340,6 @@ def _settle(future: Future[RewardOutcome], outcome: RewardOutcome) -> None:
     """Set `future`'s outcome unless it has one (the call and its watchdog race)."""
     with contextlib.suppress(InvalidStateError):
         future.set_result(outcome)
-
-
-def _describe(reward: str | EndpointReward | ServedReward) -> str:
-    """How messages name the one reward."""
-    if isinstance(reward, EndpointReward):
-        return describe(reward)
-    if isinstance(reward, ServedReward):
-        return describe_served(reward)
-    return reward
 
 
 def _given(

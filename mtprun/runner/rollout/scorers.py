@@ -35,7 +35,7 @@ import torch
 from mtprun.data.rewards.call import RewardInput, RewardValueError
 from mtprun.data.rewards.endpoint import JudgeError, render, score_reader
 from mtprun.runner.rollout.reward_outcome import RewardOutcome
-from mtprun.spec.rewards import ServedReward
+from mtprun.sources.rewards.served import ServedReward, describe
 
 log = logging.getLogger("mtprun")
 
@@ -44,11 +44,6 @@ MAX_RESTARTS = 3  # Ray restarts a dead scorer this often; the batch it died on 
 
 Result = tuple[Any, str | None]
 """One episode's result from the actor: (value, None), or (None, why it failed)."""
-
-
-def describe(spec: ServedReward) -> str:
-    """How messages name a served reward model."""
-    return f"{'reward model' if spec.kind == 'classifier' else 'judge'} {spec.model}"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Prompt sources: one unit module each (contract: mtprun.spec.sources.PromptSource)."""

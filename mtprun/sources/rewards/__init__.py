@@ -1,0 +1,1 @@
+"""Reward sources: one unit module each (contract: mtprun.spec.sources.RewardSource)."""

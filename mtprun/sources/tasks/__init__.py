@@ -1,0 +1,1 @@
+"""Task sources: one unit module each (contract: mtprun.spec.sources.TaskSource)."""
