@@ -22,7 +22,8 @@ _COLUMN = (
     "output_layer.weight",
     "linear_qkv.weight",
     "linear_qkv.bias",
-    # Gated DeltaNet (`mtprun.models.qwen3_5`): rows laid out per key head / value head.
+    # Gated DeltaNet (`mtprun.models.families.qwen3_5.convert`): rows laid out per key head /
+    # value head.
     "in_proj_qkv.weight",
     "conv_weight",
     "in_proj_z.weight",

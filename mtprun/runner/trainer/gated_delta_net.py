@@ -6,9 +6,10 @@ Written here rather than subclassing megatron-core 0.16's `ssm/gated_delta_net.p
 flash-linear-attention at construction even on CPU, and fuses q, k, v, z, b, a into one
 `in_proj` whose tensor-parallel layout is its own. This one keeps the HF projections apart
 (megatron's Column/RowParallelLinear, split by key head with its value heads, see
-`mtprun.models.qwen3_5`) and calls mtprun's kernels (`mtprun.kernels.gated_delta`: fla's Triton
-kernels on CUDA, a chunked torch path elsewhere), whose conv window and delta-rule state restart
-at every sequence start of the packed row (`PackedRows.cu_seqlens`).
+`mtprun.models.families.qwen3_5.convert`) and calls mtprun's kernels
+(`mtprun.kernels.gated_delta`: fla's Triton kernels on CUDA, a chunked torch path elsewhere),
+whose conv window and delta-rule state restart at every sequence start of the packed row
+(`PackedRows.cu_seqlens`).
 
 Per token t, on this rank's Hk key heads and Hv = r Hk value heads (r value heads per key head):
 
