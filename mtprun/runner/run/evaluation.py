@@ -16,14 +16,12 @@ from pathlib import Path
 
 import torch
 
-from mtprun.data.prompts import PromptDataset
 from mtprun.data.tasks import Prompt
-from mtprun.data.tasks.gym_prompts import gym_eval_prompts
 from mtprun.runner.rollout.engine import Sampling
 from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.spec import Recipe
-from mtprun.spec.data import ReasoningGymSpec
 from mtprun.spec.eval import EvalSection
+from mtprun.spec.sources import prompt_source
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -40,11 +38,8 @@ def eval_prompts(recipe: Recipe, collector: EpisodeCollector) -> list[Prompt]:
     assert section is not None
     if section.prompts is None:
         return collector.task.heldout_prompts(section.num_prompts, recipe.seed)
-    if isinstance(section.prompts, ReasoningGymSpec):
-        return gym_eval_prompts(section.prompts, recipe.seed, section.num_prompts)
-    data = PromptDataset(section.prompts, recipe.seed, Path(recipe.run_dir) / "datasets")
-    rows = data.train_rows[: section.num_prompts]
-    return [data.prompt(int(r)) for r in rows]
+    source, cache = prompt_source(section.prompts), Path(recipe.run_dir) / "datasets"
+    return source.eval_prompts(section.prompts, recipe.seed, section.num_prompts, cache)
 
 
 class Evaluator:
