@@ -12,7 +12,9 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import types
 from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
@@ -75,10 +77,57 @@ def test_units_satisfy_their_contract(point: str) -> None:
         assert missing == [], f"{module.__name__} lacks {missing}"
         uncallable = sorted(name for name in methods if not callable(getattr(module, name)))
         assert uncallable == [], f"{module.__name__}: {uncallable} are not callable"
+        for name in sorted(methods):
+            _assert_accepts(getattr(module, name), getattr(contract, name), module.__name__)
+        for name, hint in _data_hints(contract).items():
+            value = getattr(module, name)
+            assert _fits(value, hint), f"{module.__name__}.{name} = {value!r} is not a {hint}"
     names = [units._name(module) for module in loaded]
     assert all(isinstance(name, str) and name for name in names), names
     assert len(set(names)) == len(names), f"{point}: two units share a name: {names}"
     assert units.names() == tuple(names)
+
+
+def _assert_accepts(function: object, declared: object, unit: str) -> None:
+    """`function` takes the arguments the contract's method declares (after self)."""
+    params = list(inspect.signature(declared).parameters.values())[1:]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    args = [object() for p in params if p.kind in positional]
+    kwargs = {p.name: object() for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY}
+    try:
+        inspect.signature(function).bind(*args, **kwargs)
+    except TypeError as err:
+        name = getattr(function, "__name__", function)
+        raise AssertionError(
+            f"{unit}.{name} does not take {inspect.signature(declared)}: {err}"
+        ) from None
+
+
+def _data_hints(contract: type) -> dict[str, object]:
+    """The contract's data members and their types (those that resolve at run time)."""
+    declared = vars(contract).get("__annotations__", {})
+    try:
+        hints = get_type_hints(contract)
+    except NameError:  # a hint naming a type-checking-only import: members are checked alone
+        return {}
+    return {name: hints[name] for name in declared if name in hints}
+
+
+def _fits(value: object, hint: object) -> bool:
+    """Whether `value` is of `hint`, for the hints contracts use (a class, `X | None`,
+    `type[X]`, a parametrised container by its origin); anything else passes."""
+    if hint is Any:
+        return True
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if origin is type:
+        return inspect.isclass(value) and (args[0] is Any or issubclass(value, args[0]))
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is None or hint is type(None):
+        return value is None
+    return not inspect.isclass(hint) or isinstance(value, hint)
 
 
 def _folder_units(units: Units) -> tuple[str, set[str]] | None:
