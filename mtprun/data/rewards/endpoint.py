@@ -17,12 +17,10 @@ import json
 import os
 import re
 import string
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mtprun.data.http import PostFailed, post
 from mtprun.data.references import UnresolvedReference, load_reference
 from mtprun.data.rewards.call import RewardInput, RewardValueError, reward_components
 from mtprun.spec.rewards import is_parse_function
@@ -31,8 +29,6 @@ if TYPE_CHECKING:
     from mtprun.spec.rewards import EndpointReward
 
 TEMPLATE_FIELDS = ("question", "completion", "answer", "reasoning", "prompt")
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_BACKOFF_S = 0.5
 
 
 class JudgeError(RuntimeError):
@@ -171,31 +167,14 @@ class EndpointJudge:
         headers = {"Content-Type": "application/json"}
         if self.spec.api_key_env:
             headers["Authorization"] = f"Bearer {os.environ.get(self.spec.api_key_env, '')}"
-        failures: list[str] = []
-        for attempt in range(self.spec.retries + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            request = urllib.request.Request(self.url, body, headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=left) as response:
-                    return _reply_text(response.read())
-            except urllib.error.HTTPError as err:
-                detail = err.read()[:300].decode(errors="replace")
-                failure = f"HTTP {err.code} from {self.url}: {detail}"
-                if err.code not in _RETRY_STATUS:
-                    raise JudgeError(failure) from None
-            except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out
-                reason = getattr(err, "reason", err)
-                failure = f"{self.url}: {reason}"
-            failures.append(failure)
-            if attempt < self.spec.retries:
-                time.sleep(max(0.0, min(_BACKOFF_S * 2**attempt, deadline - time.monotonic())))
-        if not failures:
-            raise TimeoutError(f"no time left to call {self.url}")
-        raise JudgeError(
-            f"the judge failed after {len(failures)} attempt(s): " + "; ".join(failures)
-        )
+        try:
+            return _reply_text(post(self.url, body, headers, self.spec.retries, deadline))
+        except PostFailed as err:
+            if err.final:
+                raise JudgeError(str(err)) from None
+            if not err.attempts:
+                raise TimeoutError(f"no time left to call {self.url}") from None
+            raise JudgeError(f"the judge failed after {err.attempts} attempt(s): {err}") from None
 
 
 def _reply_text(raw: bytes) -> str:

@@ -25,14 +25,11 @@ import json
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-_RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-_BACKOFF_S = 0.5
+from mtprun.data.http import PostFailed, post
 
 
 class RetrievalError(RuntimeError):
@@ -188,30 +185,17 @@ class EndpointRetriever(Retriever):
 
     def _post(self, body: bytes, deadline: float) -> bytes:
         headers = {"Content-Type": "application/json"}
-        failures: list[str] = []
-        for attempt in range(self.retries + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            request = urllib.request.Request(self.url, body, headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=left) as response:
-                    return response.read()
-            except urllib.error.HTTPError as err:
-                detail = err.read()[:300].decode(errors="replace")
-                failure = f"HTTP {err.code} from {self.url}: {detail}"
-                if err.code not in _RETRY_STATUS:
-                    raise RetrievalError(failure) from None
-            except (urllib.error.URLError, OSError) as err:  # refused, reset, timed out
-                failure = f"{self.url}: {getattr(err, 'reason', err)}"
-            failures.append(failure)
-            if attempt < self.retries:
-                time.sleep(max(0.0, min(_BACKOFF_S * 2**attempt, deadline - time.monotonic())))
-        if not failures:
-            raise RetrievalError(f"no time left to call {self.url} (search.timeout_s)")
-        raise RetrievalError(
-            f"the retrieval server failed after {len(failures)} attempt(s): " + "; ".join(failures)
-        )
+        try:
+            return post(self.url, body, headers, self.retries, deadline)
+        except PostFailed as err:
+            if err.final:
+                raise RetrievalError(str(err)) from None
+            if not err.attempts:
+                failure = f"no time left to call {self.url} (search.timeout_s)"
+                raise RetrievalError(failure) from None
+            raise RetrievalError(
+                f"the retrieval server failed after {err.attempts} attempt(s): {err}"
+            ) from None
 
 
 def _read_result(raw: bytes, url: str) -> list[Passage]:
