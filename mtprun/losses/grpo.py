@@ -46,7 +46,7 @@ class GRPOTerm(TermConfig):
     """Policy gradient on group-normalised advantages (PPO-clip, GSPO, CISPO, dual-clip, with a
     truncated importance-sampling correction), plus a KL to a reference.
 
-    Formulas: mtprun/losses/grpo.py and the README (Library: policy-loss variants).
+    Formulas: mtprun/losses/grpo.py and docs/losses.md (policy-loss variants of the grpo term).
     """
 
     kind: Literal["grpo"] = Field("grpo", description="Term kind.")

@@ -1,4 +1,4 @@
-"""`mask:` which tokens the loss trains (DESIGN.md, "Mask policy")."""
+"""`mask:` which tokens the loss trains (docs/concepts.md, "Which tokens train")."""
 
 from __future__ import annotations
 
