@@ -370,7 +370,8 @@ def summarize(metrics: dict[str, dict[int, float]], args: argparse.Namespace, wa
         values = [metrics[key][s] for s in measured if s in metrics.get(key, {})]
         return statistics.median(values) if values else None
 
-    keys = ("time/step_s", "time/rollout_s", *STEP_PARTS, "time/engine_sync_s")
+    keys = ("time/step_s", "time/rollout_s", "time/engine_generate_s", *STEP_PARTS)
+    keys += ("time/engine_sync_s", "rollout/engine_tokens_per_s")
     keys += ("throughput/tokens_per_s", "throughput/tokens_per_s_per_gpu", "response/length")
     out = {
         "shape": args.shape,

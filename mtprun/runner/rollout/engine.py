@@ -87,17 +87,20 @@ class Sample:
 
 def configure_vllm_env(work_dir: Path) -> None:
     """Environment vLLM reads at import/engine start (docs/stack.md): in-process engine, no
-    torch.compile, offline hub, and caches inside the run folder. Explicit settings win,
-    except the in-process engine, which this class relies on."""
-    cache = Path(work_dir) / "vllm_cache"
-    cache.mkdir(parents=True, exist_ok=True)
+    torch.compile, offline hub. Explicit settings win, except the in-process engine, which
+    this class relies on.
+
+    vLLM's cache stays where vLLM keeps it (`VLLM_CACHE_ROOT`, ~/.cache/vllm by default),
+    shared by runs: it holds what vLLM learns of a model class by importing it in a
+    subprocess (~13 s on a 2-core machine, keyed by the class's source), which a cache per run
+    folder paid at every engine start. `work_dir` is the engine's own folder."""
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     if os.environ["TORCH_COMPILE_DISABLE"] == "1":
         # torch reads the variable once, at import: apply it when torch came first.
         torch._dynamo.config.disable = True
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache))
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 
@@ -231,6 +234,8 @@ class RolloutEngine:
         self.colocate = colocate and torch.cuda.is_available()
         self._asleep: list[str] = []  # vLLM sleep-mode tags released and not woken yet
         self._sleep_level = 0
+        # Seconds inside vLLM's generate and the tokens it sampled, since the last take.
+        self._generated: tuple[float, int] = (0.0, 0)
         self.version = version  # of the weights it holds: the global step that made them
         self.lora = lora
         # With LoRA: the adapter every generate names; None until the first sync.
@@ -304,14 +309,25 @@ class RolloutEngine:
             detokenize=False,  # token ids in, token ids out: the renderer decodes
         )
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(copies)]
+        start = time.perf_counter()
         if self._capture:
             samples = self._generate_captured(requests, params)
         else:
             outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.adapter)
             samples = [_sample(c, self.version) for out in outputs for c in out.outputs]
+        seconds, tokens = self._generated
+        self._generated = (
+            seconds + time.perf_counter() - start,
+            tokens + sum(len(s.token_ids) for s in samples),
+        )
         if self.routed_experts and any(s.routed_experts is None for s in samples):
             raise RuntimeError("router replay: vLLM returned a completion without its routing")
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def take_generated(self) -> tuple[float, int]:
+        """Seconds inside vLLM's generate and tokens sampled since the previous take."""
+        taken, self._generated = self._generated, (0.0, 0)
+        return taken
 
     def _generate_captured(self, requests: list[Any], params: Any) -> list[Sample]:
         """vLLM-cpu with router replay: one request, one sample at a time, each one's routing

@@ -220,6 +220,18 @@ class RolloutPool:
         self._weights = None  # an older object-store copy must never reach a restarted engine
         return [actor.receive_weights.remote(version) for actor in self.actors]
 
+    def generation_step(self) -> dict[str, float]:
+        """Since the previous call: the slowest engine's seconds inside vLLM's generate and
+        the engines' sampled tokens per second over them (what the rollout's seconds spent
+        outside vLLM are measured against)."""
+        taken = self._on_engines("take_generated", {i: () for i in range(len(self.actors))})
+        seconds = max((s for s, _ in taken.values()), default=0.0)
+        tokens = sum(t for _, t in taken.values())
+        metrics = {"time/engine_generate_s": seconds}
+        if seconds > 0:
+            metrics["rollout/engine_tokens_per_s"] = tokens / seconds
+        return metrics
+
     def spec_decode_step(self) -> dict[str, float]:
         """Speculative-decoding acceptance since the previous call, summed over engines. The
         engines count up; one restarted since the previous call counts from zero again."""

@@ -78,6 +78,9 @@ class RolloutWorker:
         received_s = time.perf_counter() - start
         return received_s, self.engine.update_weights(weights, version)
 
+    def take_generated(self) -> tuple[float, int]:
+        return self.engine.take_generated()
+
     def spec_decode_counters(self) -> dict[str, float]:
         return self.engine.spec_decode_counters()
 

@@ -56,9 +56,9 @@ def generate_rollout(
 ) -> Rollout:
     """Step `step`'s episodes (runs in the rollouts-ahead thread: engines only)."""
     episodes = collector.collect(step)
-    engine_metrics = {}
+    engine_metrics = pool.generation_step()
     if stage.recipe.rollout.speculative is not None:
-        engine_metrics = pool.spec_decode_step()
+        engine_metrics.update(pool.spec_decode_step())
     return Rollout(episodes, engine_metrics)
 
 
@@ -107,6 +107,7 @@ def grpo_step(
     metrics.update(sync.push())
     if evaluator is not None and evaluator.due(step, stage.last_step):
         metrics.update(evaluator.evaluate())
+        sync.pool.generation_step()  # the evaluation's generation is not the next step's
     rollouts.synced(trainer.version)
     metrics.update(
         {
