@@ -179,7 +179,7 @@ class _Server:
 
 
 def test_an_endpoint_is_retried_and_its_errors_counted(monkeypatch) -> None:
-    monkeypatch.setattr("mtprun.data.tasks.retrieval._BACKOFF_S", 0.01)
+    monkeypatch.setattr("mtprun.data.http.BACKOFF_S", 0.01)
     server = _Server(fail=1)
     try:
         retriever = EndpointRetriever(server.url, retries=1, timeout_s=10)

@@ -65,7 +65,7 @@ def test_the_judge_renders_the_template_and_parses_the_score(stub, template) -> 
 
 
 def test_retries_5xx_then_gives_up_with_every_failure(stub, template, monkeypatch) -> None:
-    monkeypatch.setattr("mtprun.data.rewards.endpoint._BACKOFF_S", 0.01)
+    monkeypatch.setattr("mtprun.data.http.BACKOFF_S", 0.01)
     stub.mode = "error500"
     judge = EndpointJudge(_judge(stub, template, retries=2))
     prompts, conversations = _episodes(["42"])
