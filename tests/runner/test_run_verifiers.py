@@ -3,10 +3,11 @@ Megatron-core, MLflow): `task.environment: verifiers:<file.py>` names a verifier
 taskset, whose tasks are the prompts and whose rubric (weighted @vf.reward functions) scores
 every episode sampled by mtprun's engines, each reward logged as reward/<name>.
 
-Single turn: recipes/examples/verifiers_arithmetic.py on the tiny char-template policy.
-Multi-turn: recipes/examples/verifiers_calculator.py on the tiny chatml policy (whose template
-prints no tool specs: it learns the call from demonstrations in a warm start), so that its
-rollouts call the toolset's tool, the toolset answers, and the policy samples again."""
+The run: recipes/examples/verifiers_calculator.py, multi-turn, on the tiny chatml policy
+(whose template prints no tool specs: it learns the call from demonstrations in a warm
+start), so that its rollouts call the toolset's tool, the toolset answers, and the policy
+samples again. A single-turn taskset (recipes/examples/verifiers_arithmetic.py) goes through
+the same episode and scoring code, checked in process in tests/data/test_verifiers_env.py."""
 
 from __future__ import annotations
 
@@ -21,47 +22,6 @@ pytestmark = pytest.mark.slow
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "recipes" / "examples"
 STEPS = 2
-
-
-@pytest.fixture(scope="module")
-def single_turn_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vf1")
-    recipe = {
-        "name": "e2e-verifiers",
-        "model": {"tiny": E2E_TINY},
-        "warmstart": {  # answers in digits, so that the rubric's rewards are not all 0
-            "data": {"source": "addition", "template": "char", "packing_length": 128},
-            "steps": 20,
-            "lr": 2e-3,
-        },
-        "task": {
-            "environment": f"verifiers:{EXAMPLES / 'verifiers_arithmetic.py'}",
-            "template": "char",
-            "samples_per_prompt": 4,
-            "prompts_per_step": 2,
-        },
-        "losses": [{"kind": "grpo"}],
-        "rollout": {"max_tokens": 4},
-        "trainer": {"lr": 1e-4, "steps": STEPS, "micro_batch_tokens": 512},
-        "resources": {"num_cpus": 2},
-    }
-    with finished_run(write_recipe(folder, recipe), prefix="vf1") as record:
-        yield record
-
-
-def test_each_rubric_reward_is_logged_and_their_weighted_sum_is_the_reward(single_turn_run):
-    record = single_turn_run
-    rl_steps = record.steps("reward/mean")
-    assert len(rl_steps) == STEPS
-    for key in ("reward/exact_match", "reward/digits_only", "reward/errors"):
-        assert record.steps(key) == rl_steps, key
-    exact, digits = record.values("reward/exact_match"), record.values("reward/digits_only")
-    # Every episode is scored by the rubric: the mean reward is the weighted sum of the means.
-    for mean, e, d in zip(record.values("reward/mean"), exact, digits, strict=True):
-        assert mean == pytest.approx(1.0 * e + 0.1 * d, abs=1e-6)
-    assert max(digits) > 0, digits
-    assert record.values("reward/errors") == [0.0] * STEPS
-    assert all(t > 0 for t in record.values("train/trained_tokens")[-STEPS:])
 
 
 CALCULATOR = f"verifiers:{EXAMPLES / 'verifiers_calculator.py'}"
@@ -122,8 +82,12 @@ def test_rollouts_call_the_toolset_and_go_on_after_its_answer(multi_turn_run):
     record = multi_turn_run
     tool_turns = record.values("rollout/tool_turns")
     assert len(tool_turns) == STEPS and max(tool_turns) > 0, tool_turns
+    rl_steps = record.steps("reward/mean")
+    for key in ("reward/used_tool", "reward/correct", "reward/errors"):
+        assert record.steps(key) == rl_steps, key  # each rubric reward, every RL step
     used, correct = record.values("reward/used_tool"), record.values("reward/correct")
     assert max(used) > 0, used
+    # Every episode is scored by the rubric: the mean reward is the weighted sum of the means.
     for mean, c, u in zip(record.values("reward/mean"), correct, used, strict=True):
         assert mean == pytest.approx(1.0 * c + 0.2 * u, abs=1e-6)
     assert record.values("reward/errors") == [0.0] * STEPS
