@@ -19,7 +19,9 @@ split (trainer GPU 0, engine GPU 1; --staleness 1 for asynchronous rollouts). Th
 metrics are read back and the median over the steps after the first is printed: each part's
 seconds (generation, log-probs, train, sync, the colocated handovers, idle) and
 `throughput/tokens_per_s_per_gpu` (prompt + response tokens of the step over its wall time and
-the run's GPUs).
+the run's GPUs), with `time/engine_generate_s` (inside vLLM's generate) beside the step's
+generation and the engines' start-up facts from their Ray worker logs (KV cache size,
+concurrency, captured graphs).
 
     python bench/rl_gpu.py transfer --shape qwen3-8b --placement colocate
     python bench/rl_gpu.py transfer --shape qwen3-8b --placement split      # two GPUs
@@ -345,8 +347,31 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"mtprun run failed ({done.returncode}): {' '.join(command)}")
     metrics = read_metrics(Path(recipe["run_dir"]))
     result = summarize(metrics, args, wall)
+    result["engine_log"] = engine_log_lines(Path(recipe["run_dir"]))
     print(json.dumps(result), flush=True)
     return result
+
+
+# vLLM's start-up facts that explain a slow generation: its KV cache (a cache smaller than the
+# step's sequences runs them in waves), the concurrency it allows, the graphs it captured.
+_ENGINE_FACTS = ("KV cache", "concurrency", "Graph capturing", "init engine", "CUDA graph")
+
+
+def engine_log_lines(run_root: Path) -> list[str]:
+    """The engines' start-up facts from the run's Ray worker logs (vLLM logs to the worker's
+    stdout, which the run does not echo)."""
+    from mtprun.runner.run_dir import RunDir
+
+    logs = RunDir(run_root).ray_temp_dir() / "session_latest" / "logs"
+    lines = []
+    for path in sorted(logs.glob("worker-*.out")) + sorted(logs.glob("worker-*.err")):
+        text = path.read_text(errors="replace")
+        lines += [
+            line.strip()[-200:]
+            for line in text.splitlines()
+            if any(f in line for f in _ENGINE_FACTS)
+        ]
+    return lines
 
 
 def read_metrics(run_root: Path) -> dict[str, dict[int, float]]:
