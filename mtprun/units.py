@@ -87,9 +87,6 @@ class Units(Generic[Unit]):
     def __iter__(self) -> Iterator[Unit]:
         return iter(self.units)
 
-    def __len__(self) -> int:
-        return len(self.modules)
-
 
 def _protocol_attrs(protocol: type) -> set[str]:
     """The attribute names a Protocol declares (its annotations and its methods)."""

@@ -19,6 +19,7 @@ from mtprun.models.peft_adapter import adapter_problem
 from mtprun.models.qwen3_5_shape import LAYER_KINDS, LINEAR_ATTENTION, unknown_layer_types
 from mtprun.models.shape import HF_CONFIG_KEYS, ModelShape
 from mtprun.preflight.model_shape import policy_shape
+from mtprun.sources.prompts.dataset import file_problem
 from mtprun.spec.data import DATA_FILE_SUFFIXES
 from mtprun.spec.document import KeyPath
 from mtprun.spec.errors import did_you_mean
@@ -385,18 +386,16 @@ def _sft_sources_exist(r: Recipe) -> Iterator[Issue]:
             continue
         file = source if isinstance(source, str) else source.path
         where = path if isinstance(source, str) else (*path, "path")
-        if not os.path.exists(file):
-            if file.endswith(DATA_FILE_SUFFIXES) or not isinstance(source, str):
-                yield Issue(where, f"file not found: {file}")
-                continue
+        named = isinstance(source, str) and not file.endswith(DATA_FILE_SUFFIXES)
+        if named and not os.path.exists(file):  # a name, not a path: a built-in task's?
             name = os.path.basename(file)
             yield Issue(
                 where,
                 f"unknown built-in task '{name}'{did_you_mean(name, TASKS)}; built-in: "
                 f"{', '.join(TASKS)}; or a dataset file or folder (none at {file})",
             )
-        elif os.path.isfile(file) and not file.endswith(DATA_FILE_SUFFIXES):
-            yield Issue(where, f"{file} is not a dataset file: use {', '.join(DATA_FILE_SUFFIXES)}")
+        elif (problem := file_problem(file)) is not None:
+            yield Issue(where, problem)
 
 
 @rule("task")

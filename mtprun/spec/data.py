@@ -25,9 +25,7 @@ from mtprun.spec.sources import (
 
 Template = Literal["char", "chatml", "glm"]
 DATA_FILE_SUFFIXES: tuple[str, ...] = PROMPT_SOURCES["dataset"].SUFFIXES
-"""Files a dataset path may name (or a folder may hold); see mtprun/data/datasets.py."""
-REASONING_GYM_REWARD: str = PROMPT_SOURCES["reasoning_gym"].REWARD
-"""The built-in reward that scores a reasoning-gym prompt with its dataset's score_answer."""
+"""Files a dataset path may name (or a folder may hold); see mtprun/data/dataset_files.py."""
 SEARCH_TASK = "search"
 """The built-in Search-R1 task's name (task.name: search, with task.search and task.prompts)."""
 VERIFIERS_ENVIRONMENT = "verifiers:"
