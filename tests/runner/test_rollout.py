@@ -3,13 +3,15 @@ sync, with and without MTP speculative decoding."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner.rollout.engine import RolloutEngine, spec_decode_metrics
+from mtprun.runner.rollout.engine import RolloutEngine, checkpoint_dtype, spec_decode_metrics
 from mtprun.spec.model import TinyModel
 from mtprun.spec.rollout import RolloutSection
 
@@ -146,3 +148,17 @@ def test_spec_decode_metrics_from_counter_differences():
         "rollout/spec_accept_rate/pos1": 0.4,
     }
     assert spec_decode_metrics({"num_drafts": 0.0, "num_draft_tokens": 0.0}) == {}
+
+
+def test_engine_samples_in_the_trainers_dtype(tmp_path):
+    """model.dtype is the trainer's and the rollouts' dtype: a folder whose config.json says
+    float32 is served in bfloat16 when the trainer trains in it (sampling in float32 beside a
+    bfloat16 trainer ran a 1.7B GPU rollout 2.7x slower, with mismatched log-probs)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen2ForCausalLM"], "torch_dtype": "float32"})
+    )
+    assert checkpoint_dtype(folder, "bfloat16") == "bfloat16"
+    assert checkpoint_dtype(folder, "float32") == "float32"
+    assert checkpoint_dtype(folder) == "float32"  # no trainer: the folder's own

