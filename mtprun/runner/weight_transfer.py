@@ -15,6 +15,7 @@ types, a broadcast needs none) and arrives bit for bit.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -118,13 +119,16 @@ class TransferGroup:
         self._broadcast_bytes(json.dumps(header).encode())
         slots, sizes = plan_buckets(layout, bucket_bytes)
         device = self.device or next(iter(weights.values())).device
+        last = None
         for bucket, size in enumerate(sizes):
             flat = torch.empty(size, dtype=torch.uint8, device=device)
             for slot in slots:
                 if slot.bucket == bucket:
                     source = weights[slot.name].detach().contiguous().reshape(-1)
                     flat[slot.offset : slot.offset + slot.nbytes].copy_(source.view(torch.uint8))
-            self._broadcast(flat)
+            last = self._broadcast(flat)
+        if last is not None:
+            _wait_done(last, "the weight broadcast to the rollout engines")
         return sum(sizes)
 
     def receive(self) -> list[tuple[str, torch.Tensor]]:
@@ -148,12 +152,14 @@ class TransferGroup:
         self._broadcast(data)
         return bytes(data.cpu().numpy())
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _broadcast(self, tensor: torch.Tensor) -> dist.Work:
         # Receivers wait in the header's broadcast while rank 0 gathers the weights: far
         # longer than a formation may take.
         options = dist.BroadcastOptions()
         options.timeout = _TIMEOUT
-        self.group.broadcast([tensor], options).wait()
+        work = self.group.broadcast([tensor], options)
+        work.wait()  # NCCL: the current stream waits for it; gloo: done on return
+        return work
 
 
 class TransferHost:
@@ -174,6 +180,18 @@ class TransferHost:
         `form_timeout` when one did not (the next generation may then form)."""
         self.group = None  # the previous generation's connections go first
         self.group = TransferGroup(self.store, generation, 0, world_size, form_timeout)
+
+
+def _wait_done(work: dist.Work, what: str, timeout: timedelta = _TIMEOUT) -> None:
+    """Block until `work` completed on its device, or raise after `timeout`. The sender waits
+    for its last broadcast so that a transfer that never completes (a receiver gone, a broken
+    NCCL transport) fails here, named, instead of stalling the trainer's next step on its
+    stream (NCCL's `wait` returns at once: only the stream waits)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not work.is_completed():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not complete in {timeout.total_seconds():.0f} s")
+        time.sleep(0.001)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

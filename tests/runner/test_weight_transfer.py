@@ -16,9 +16,23 @@ import torch
 import torch.distributed as dist
 
 from mtprun.runner.net import free_port
-from mtprun.runner.weight_transfer import TransferGroup, TransferHost, plan_buckets
+from mtprun.runner.weight_transfer import TransferGroup, TransferHost, _wait_done, plan_buckets
 
 from .conftest import make_recipe, random_packed_batch
+
+
+class _NeverDone:
+    """A collective whose device work never completes (a receiver gone mid-transfer)."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_a_broadcast_that_never_completes_fails_named():
+    with pytest.raises(TimeoutError, match=r"the weight broadcast .* did not complete in 0 s"):
+        _wait_done(
+            _NeverDone(), "the weight broadcast to the rollout engines", timedelta(seconds=0.01)
+        )
 
 
 def _weights() -> dict[str, torch.Tensor]:
