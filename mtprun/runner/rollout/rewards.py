@@ -27,7 +27,6 @@ import functools
 import logging
 import math
 import multiprocessing
-import signal
 import threading
 import time
 import traceback
@@ -40,16 +39,16 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from mtprun.data.messages import Conversation, Prompt
-from mtprun.data.rewards import RewardInput, RewardValueError, call_reward, load_reward
+from mtprun.data.rewards import RewardInput, RewardValueError
 from mtprun.data.rewards.endpoint import JudgeError
 from mtprun.runner.rollout.reward_outcome import RewardOutcome
+from mtprun.runner.rollout.reward_worker import BROKEN, READY, worker_main
 from mtprun.runner.rollout.scorers import ScorerPlacement, ServedScorer
 from mtprun.sources.scoring import InThreads, InWorkers, OnActor, Scoring
 from mtprun.spec.sources import reward_source
 
 log = logging.getLogger("mtprun")
 _CONTEXT = multiprocessing.get_context("spawn")  # the driver holds threads and Ray: no fork
-_READY, _BROKEN = "ready", "broken"
 
 
 class RewardFailed(RuntimeError):
@@ -432,7 +431,7 @@ class RewardPool:
     def _spawn(self) -> _Worker:
         parent, child = _CONTEXT.Pipe()
         process = _CONTEXT.Process(
-            target=_worker_main,
+            target=worker_main,
             args=(child, self.references),
             name="mtprun-reward",
             daemon=False,
@@ -490,9 +489,9 @@ class RewardPool:
                 worker, f"the reward's process died (exit code {worker.process.exitcode})"
             )
             return
-        if kind == _READY:
+        if kind == READY:
             worker.ready = True
-        elif kind == _BROKEN:
+        elif kind == BROKEN:
             self._broken = f"the reward {self.reference} could not be loaded:\n{payload}"
             log.error("%s", self._broken)
             self._finish(worker, RewardOutcome(None, self._broken))
@@ -541,29 +540,6 @@ def _kill_all(workers: list[_Worker]) -> None:
         if worker.process.is_alive():
             worker.process.kill()
         worker.process.join(timeout=10)
-
-
-def _worker_main(conn: Connection, references: list[str]) -> None:
-    """A reward worker: load the rewards, then score episodes until the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    try:
-        fns = [load_reward(reference) for reference in references]
-    except BaseException:
-        conn.send((_BROKEN, traceback.format_exc()))
-        return
-    conn.send((_READY, None))
-    while True:
-        try:
-            which, episode = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            result: tuple[Any, Any] = (call_reward(fns[which], episode), None)
-        except RewardValueError as err:
-            result = (None, f"{references[which]} {err}")
-        except BaseException:
-            result = (None, traceback.format_exc())
-        conn.send(("result", result))
 
 
 def _short(text: str, limit: int = 2000) -> str:
