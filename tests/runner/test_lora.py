@@ -1,22 +1,18 @@
 """LoRA (`model.lora`): the trainer's adapters against peft's on transformers (log-probs and
-adapter gradients, float32 on CPU), the frozen base, merged weights for rollouts and export,
-and tp=2 against one process."""
+adapter gradients, float32 on CPU), the frozen base, merged weights for rollouts and export.
+tp=2 against one process: test_lora_layouts.py (one spawned pair of processes for every
+layout)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from mtprun.compiler import compile_recipe
-from mtprun.models import ModelShape
 from mtprun.models.lora import is_adapter, peft_name
 from mtprun.preflight.memory import lora_layer_params
-from mtprun.runner.net import free_port
 from mtprun.runner.trainer.trainer import Trainer
-from mtprun.spec.model import LoRASection
-from mtprun.spec.parallel import ParallelSection
 
 from .conftest import make_recipe, random_packed_batch
 
@@ -147,43 +143,3 @@ def test_lora_gradients_survive_recomputation(megatron_tp1, tiny_qwen2_dir, reco
     assert all(g is not None and g.abs().sum() > 0 for g in grads[1].values())
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
-
-
-def _three_adamw_steps(model_dir, parallel):
-    trainer = _trainer(model_dir, parallel=parallel, trainer={"optimizer": "adamw", "lr": 1e-2})
-    vocab = trainer.shape.vocab
-    batches = [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
-    metrics = [trainer.train_step(batches) for _ in range(3)]
-    count = sum(p.numel() for p in _adapters(trainer).values())
-    return metrics, trainer.hf_state_dict(), count
-
-
-def _tp_process(rank, port, model_dir, out_path):
-    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
-
-    layout = ParallelSection(tp=2)
-    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-    result = _three_adamw_steps(model_dir, {"tp": 2})
-    if rank == 0:
-        torch.save(result, out_path)
-    destroy_parallel()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["tiny_qwen2_dir", "tiny_qwen3_dir"])
-def test_lora_tp2_trains_like_one_process(request, megatron_tp1, fixture, tmp_path):
-    folder = request.getfixturevalue(fixture)
-    args = (free_port(), folder, tmp_path / "tp2.pt")
-    mp.start_processes(_tp_process, args=args, nprocs=2, start_method="spawn")
-    two, two_state, two_count = torch.load(tmp_path / "tp2.pt")
-    one, one_state, _ = _three_adamw_steps(folder, {})
-    shape = ModelShape.from_model_dir(folder)
-    assert two_count == shape.layers * lora_layer_params(shape, 2, LoRASection(**LORA))
-    assert one[-1]["loss"] < one[0]["loss"]
-    for step1, step2 in zip(one, two, strict=True):
-        for name in ("loss", "grad_norm"):
-            assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
-    # The merged weights (gathered over tp) are the same model.
-    assert two_state.keys() == one_state.keys()
-    for name, tensor in one_state.items():
-        torch.testing.assert_close(two_state[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

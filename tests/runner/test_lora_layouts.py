@@ -2,7 +2,13 @@
 (`model.lora.path`, B nonzero so every adapter matters from the first step), each layout's
 shards of it are loaded (tp: B or A split like the base; pp: each stage its layers), and three
 AdamW steps give the same losses, gradient norms, log-probs and gathered adapters. Expert
-parallelism: attention adapters on a Qwen3-MoE policy (its experts take none) under dp2 ep2."""
+parallelism: attention adapters on a Qwen3-MoE policy (its experts take none) under dp2 ep2.
+Fresh adapters (B = 0) under tp=2 on Qwen2 and Qwen3: each rank its share of the adapters,
+and the same steps and merged weights as one process.
+
+Every layout has two processes: one spawned pair of processes trains them all in turn (each
+its own process group and Megatron groups, torn down before the next), so the processes'
+start (torch and Megatron imports) is paid once for the module."""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ import torch.multiprocessing as mp
 
 from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape
-from mtprun.models.lora import init_adapters, peft_name
+from mtprun.models.lora import init_adapters, is_adapter, peft_name
+from mtprun.preflight.memory import lora_layer_params
 from mtprun.runner.net import free_port
 from mtprun.runner.policy_folder import save_peft_adapter
 from mtprun.runner.trainer.trainer import Trainer
@@ -27,6 +34,10 @@ pytestmark = pytest.mark.slow
 LORA = {"rank": 4, "alpha": 12, "targets": ["all"]}
 ATTENTION_LORA = {**LORA, "targets": ["qkv", "proj"]}  # an MoE policy's experts take none
 ADAMW = {"optimizer": "adamw", "lr": 1e-2, "grad_clip": 1.0}
+FRESH_ADAMW = {"optimizer": "adamw", "lr": 1e-2}  # the default grad clip
+
+FOLDER_LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "cp2": {"cp": 2}, "dp2": {"dp": 2}}
+FRESH_MODELS = ["tiny_qwen2_dir", "tiny_qwen3_dir"]
 
 
 def _random_adapter_folder(model_dir, lora_fields, folder):
@@ -38,75 +49,136 @@ def _random_adapter_folder(model_dir, lora_fields, folder):
     return save_peft_adapter(adapters, lora, str(model_dir), folder)
 
 
-@pytest.fixture(scope="module")
-def adapter_dir(tiny_qwen2_dir, tmp_path_factory):
-    return _random_adapter_folder(
-        tiny_qwen2_dir, LORA, tmp_path_factory.mktemp("lora_layouts") / "adapter"
-    )
+def _case(model_dir, lora, trainer, parallel):
+    """What `_train` needs to train one layout (or one process: parallel {})."""
+    return {"model_dir": model_dir, "lora": lora, "trainer": trainer, "parallel": parallel}
 
 
-def _train(model_dir, adapter_dir, parallel, batch_ids, lora_fields=LORA):
+def _train(case, batch_ids):
     """Three AdamW steps on micro batches `batch_ids` in an initialised process: what this
-    rank reports."""
-    lora = {**lora_fields, "path": str(adapter_dir)}
+    rank reports (its own count of adapter parameters; the adapters and merged weights
+    gathered)."""
+    model_dir = case["model_dir"]
     recipe = make_recipe(
-        model_dir, model={"path": str(model_dir), "lora": lora}, parallel=parallel, trainer=ADAMW
+        model_dir,
+        model={"path": str(model_dir), "lora": case["lora"]},
+        parallel=case["parallel"],
+        trainer=case["trainer"],
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
     vocab = trainer.shape.vocab
     batches = [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
     metrics = [trainer.train_step([batches[i] for i in batch_ids]) for _ in range(3)]
+    count = sum(p.numel() for n, p in trainer.model.named_parameters() if is_adapter(n))
     return {
         "metrics": metrics,
         "logprobs": trainer.logprobs(batches[:1]),
         "adapters": trainer.adapter_state_dict(),
+        "merged": trainer.hf_state_dict(),
+        "count": count,
     }
 
 
-def _process(rank, parallel, port, model_dir, adapter_dir, out_path, lora_fields):
+def _process(rank, cases, ports, out_path):
+    """Rank `rank` of every layout in `cases`, one after another; the last rank (the last
+    pipeline stage, where the losses are) saves each layout's report."""
     from megatron.core import parallel_state
 
     from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
 
-    layout = ParallelSection(**parallel)
-    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-    # Data-parallel replicas split the step's micro batches; TP, CP ranks and stages share them.
-    batch_ids = [parallel_state.get_data_parallel_rank()] if layout.dp == 2 else [0, 1]
-    result = _train(model_dir, adapter_dir, parallel, batch_ids, lora_fields)
-    if rank == layout.world_size - 1:  # the last stage, where the losses are
-        torch.save(result, out_path)
-    destroy_parallel()
+    results = {}
+    for (name, case), port in zip(cases.items(), ports, strict=True):
+        layout = ParallelSection(**case["parallel"])
+        init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
+        try:
+            # Data-parallel replicas split the step's micro batches; TP, CP ranks and stages
+            # share them.
+            batch_ids = [parallel_state.get_data_parallel_rank()] if layout.dp == 2 else [0, 1]
+            results[name] = _train(case, batch_ids)
+        except Exception as e:
+            e.add_note(f"in layout {name}")
+            raise
+        finally:
+            destroy_parallel()
+    if rank == 1:
+        torch.save(results, out_path)
 
 
-@pytest.mark.parametrize(
-    "parallel", [{"tp": 2}, {"pp": 2}, {"cp": 2}, {"dp": 2}], ids=["tp2", "pp2", "cp2", "dp2"]
-)
-def test_lora_layouts_train_like_one_process(
-    megatron_tp1, tiny_qwen2_dir, adapter_dir, tmp_path, parallel
-):
-    _assert_trains_like_one_process(tiny_qwen2_dir, adapter_dir, parallel, LORA, tmp_path)
+@pytest.fixture(scope="module")
+def layouts(tiny_qwen2_dir, tiny_qwen3_dir, tokenizer, tmp_path_factory):
+    """Every layout's case and what its last rank reported, trained by one spawned pair of
+    processes."""
+    tmp = tmp_path_factory.mktemp("lora_layouts")
+    adapter_dir = _random_adapter_folder(tiny_qwen2_dir, LORA, tmp / "adapter")
+    moe_dir = build_qwen3_moe_folder(tokenizer, tmp / "moe", seed=0)
+    moe_adapters = _random_adapter_folder(moe_dir, ATTENTION_LORA, tmp / "moe_adapter")
+    from_folder = {**LORA, "path": str(adapter_dir)}
+    cases = {
+        name: _case(tiny_qwen2_dir, from_folder, ADAMW, parallel)
+        for name, parallel in FOLDER_LAYOUTS.items()
+    }
+    moe_lora = {**ATTENTION_LORA, "path": str(moe_adapters)}
+    cases["moe_dp2ep2"] = _case(moe_dir, moe_lora, ADAMW, {"dp": 2, "ep": 2})
+    folders = {"tiny_qwen2_dir": tiny_qwen2_dir, "tiny_qwen3_dir": tiny_qwen3_dir}
+    for fixture in FRESH_MODELS:
+        cases[f"fresh_{fixture}"] = _case(folders[fixture], LORA, FRESH_ADAMW, {"tp": 2})
+    out = tmp / "two.pt"
+    ports = [free_port() for _ in cases]
+    mp.start_processes(_process, args=(cases, ports, out), nprocs=2, start_method="spawn")
+    return cases, torch.load(out)
 
 
-def test_attention_lora_on_an_moe_policy_under_expert_parallelism(
-    megatron_tp1, tokenizer, tmp_path
-):
-    model_dir = build_qwen3_moe_folder(tokenizer, tmp_path / "moe", seed=0)
-    adapters = _random_adapter_folder(model_dir, ATTENTION_LORA, tmp_path / "adapter")
-    parallel = {"dp": 2, "ep": 2}
-    _assert_trains_like_one_process(model_dir, adapters, parallel, ATTENTION_LORA, tmp_path)
+@pytest.fixture(scope="module")
+def one_process(megatron_tp1):
+    """One process's report for a case, computed once per (model, adapters, optimizer)."""
+    cache = {}
+
+    def report(case):
+        key = (str(case["model_dir"]), repr(case["lora"]), repr(case["trainer"]))
+        if key not in cache:
+            cache[key] = _train({**case, "parallel": {}}, [0, 1])
+        return cache[key]
+
+    return report
 
 
-def _assert_trains_like_one_process(model_dir, adapter_dir, parallel, lora_fields, tmp_path):
-    out = tmp_path / "two.pt"
-    args = (parallel, free_port(), model_dir, adapter_dir, out, lora_fields)
-    mp.start_processes(_process, args=args, nprocs=2, start_method="spawn")
-    two = torch.load(out)
-    one = _train(model_dir, adapter_dir, {}, [0, 1], lora_fields)
+def _assert_same_training(one, two):
+    """Three steps' losses and gradient norms within 1e-4 of one process."""
     assert one["metrics"][-1]["loss"] < one["metrics"][0]["loss"]
     for step1, step2 in zip(one["metrics"], two["metrics"], strict=True):
         for name in ("loss", "grad_norm", "trained_tokens"):
             assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
+
+
+def _assert_trains_like_one_process(one, two):
+    _assert_same_training(one, two)
     torch.testing.assert_close(two["logprobs"], one["logprobs"], rtol=1e-5, atol=1e-5)
     assert two["adapters"].keys() == one["adapters"].keys()
     for name, tensor in one["adapters"].items():
         torch.testing.assert_close(two["adapters"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("name", list(FOLDER_LAYOUTS))
+def test_lora_layouts_train_like_one_process(layouts, one_process, name):
+    cases, reports = layouts
+    _assert_trains_like_one_process(one_process(cases[name]), reports[name])
+
+
+def test_attention_lora_on_an_moe_policy_under_expert_parallelism(layouts, one_process):
+    cases, reports = layouts
+    _assert_trains_like_one_process(one_process(cases["moe_dp2ep2"]), reports["moe_dp2ep2"])
+
+
+@pytest.mark.parametrize("fixture", FRESH_MODELS)
+def test_lora_tp2_trains_like_one_process(layouts, one_process, fixture):
+    """Fresh adapters under tp=2: each rank holds its share of them (the plan's count), the
+    steps are one process's, and the merged weights (gathered over tp) are the same model."""
+    cases, reports = layouts
+    case, two = cases[f"fresh_{fixture}"], reports[f"fresh_{fixture}"]
+    one = one_process(case)
+    shape = ModelShape.from_model_dir(case["model_dir"])
+    assert two["count"] == shape.layers * lora_layer_params(shape, 2, LoRASection(**LORA))
+    _assert_same_training(one, two)
+    assert two["merged"].keys() == one["merged"].keys()
+    for name, tensor in one["merged"].items():
+        torch.testing.assert_close(two["merged"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
