@@ -1,14 +1,12 @@
 """LoRA persistence: a checkpoint's PEFT adapter folder (peft loads it and scores as the
 trainer does), `mtprun export` (the adapter folder by default, `--merge` the merged HF folder:
 W + alpha / r B A against float64), resuming the adapters with their optimizer state, and
-`model.lora.path` starting from an adapter folder (float32 on CPU)."""
+`model.lora.path` starting from an adapter folder (float32 on CPU). A LoRA `mtprun run`'s
+checkpoints and final export: test_lora_rollout.py (its end-to-end GRPO run)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +23,6 @@ from mtprun.runner.run_dir import RunDir
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.runner.trainer.worker import TrainerWorker
 
-from .cli_run import E2E_TINY, finish, start, write_recipe
 from .conftest import make_recipe, random_packed_batch
 from .test_lora import _packed_logprobs
 
@@ -193,32 +190,3 @@ def test_the_grpo_stage_after_a_warmstart_starts_fresh_adapters(tiny_qwen3_dir):
     assert warmstart.recipe.model.lora.path == "/adapters/a"
     assert grpo.recipe.model.lora.path is None
     assert grpo.recipe.model.lora.rank == 4
-
-
-@pytest.mark.slow
-def test_a_lora_run_checkpoints_and_exports_its_adapter_folder():
-    """`mtprun run` of a LoRA SFT recipe (Ray actors, the driver's checkpoints): the final
-    export is the adapter folder on the run's model, `mtprun export --merge` the HF folder."""
-    root = Path(tempfile.mkdtemp(prefix="lora", dir="/tmp"))  # Ray's sockets need a short path
-    try:
-        recipe = write_recipe(
-            root,
-            {
-                "name": "e2e-lora",
-                "model": {"tiny": E2E_TINY, "lora": {"rank": 4, "targets": ["qkv", "fc2"]}},
-                "data": {"source": "arithmetic", "packing_length": 128, "num_samples": 64},
-                "trainer": {"lr": 1e-2, "steps": 2, "micro_batch_tokens": 128},
-            },
-        )
-        run = root / "run"
-        code, out = finish(start(recipe, f"run_dir={run}", cwd=root))
-        assert code == 0, out[-3000:]
-        final = run / "export" / "final"
-        config = json.loads((final / "adapter_config.json").read_text())
-        assert config["base_model_name_or_path"] == str((run / "model").resolve())
-        assert config["target_modules"] == ["down_proj", "k_proj", "q_proj", "v_proj"]
-        assert (run / "checkpoints" / "step_000002" / "hf" / "model.safetensors").is_file()
-        assert main(["export", str(run), "--merge", "--out", str(root / "merged")]) == 0
-        assert (root / "merged" / "model.safetensors").is_file()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)

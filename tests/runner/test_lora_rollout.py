@@ -1,10 +1,11 @@
 """LoRA rollouts: vLLM serves the frozen base with the trainer's adapters, and a weight sync
 moves the adapters alone (both transfer methods), checked against peft on transformers, also
 under MTP speculative decoding; the recipe rules for what vLLM cannot serve; a short LoRA GRPO
-run end to end."""
+run end to end (its checkpoints' adapter folders and exports too)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM
 
+from mtprun.cli import main
 from mtprun.preflight import check_recipe
 from mtprun.runner.rollout.engine import RolloutEngine, Sampling, vllm_max_lora_rank
 from mtprun.spec.model import LoRASection
@@ -245,9 +247,10 @@ GRPO_STEPS = 3
 
 @pytest.fixture(scope="module")
 def lora_run():
-    """A LoRA warm start (1 SFT step) then GRPO on its merged result with fresh adapters, the
-    trainer recomputing the old log-probs (so train/logprob_mismatch compares them with
-    vLLM's sampling log-probs), adapters trained at a high learning rate."""
+    """A LoRA warm start (1 SFT step, checkpointed) then GRPO on its merged result with fresh
+    adapters, the trainer recomputing the old log-probs (so train/logprob_mismatch compares
+    them with vLLM's sampling log-probs), adapters trained at a high learning rate: the run
+    folder, its MLflow record and its log."""
     root = Path(tempfile.mkdtemp(prefix="mtp", dir="/tmp"))  # short: Ray's sockets
     recipe = {
         "name": "e2e-lora",
@@ -273,13 +276,14 @@ def lora_run():
     try:
         code, out = finish(start(write_recipe(root, recipe), cwd=root))
         assert code == 0, out[-3000:]
-        yield RunRecord(root / "run"), (root / "run" / "log.txt").read_text()
+        run = root / "run"
+        yield run, RunRecord(run), (run / "log.txt").read_text()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def test_lora_grpo_run_samples_with_the_trainers_adapters(lora_run):
-    record, log = lora_run
+    _, record, log = lora_run
     steps = [2, 3, 4]  # after the 1-step warm start
     assert record.steps("sync/bytes") == steps
     # hidden 64, 1 kv head of 32, MLP 128, rank 8, float32, 2 layers: q, k, v, o, gate, up,
@@ -297,3 +301,34 @@ def test_lora_grpo_run_samples_with_the_trainers_adapters(lora_run):
     # the synced adapters to match).
     assert all(g > 0 for g in record.values("train/grad_norm")), record.values("train/grad_norm")
     assert "Traceback" not in log
+
+
+ALL_MODULES = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+
+
+def test_a_lora_run_checkpoints_and_exports_its_adapter_folder(lora_run):
+    """`mtprun run` of a LoRA recipe (Ray actors, the driver's checkpoints): each stage's
+    checkpoint holds the merged HF folder and the adapter folder on the stage's starting model
+    (the warm start's on the run's model, GRPO's on the warm start's merged result); the final
+    export is the last adapter folder, `mtprun export --merge` the HF folder."""
+    run, _, _ = lora_run
+    warmstart, grpo = (run / "checkpoints" / f"step_{s:06d}" for s in (1, 1 + GRPO_STEPS))
+    final = run / "export" / "final"
+    assert (warmstart / "hf" / "model.safetensors").is_file()
+    assert (grpo / "hf" / "model.safetensors").is_file()
+    adapter_folders = [
+        (warmstart / "adapter", run / "model"),
+        (grpo / "adapter", warmstart / "hf"),
+        (final, warmstart / "hf"),
+    ]
+    for folder, base in adapter_folders:
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+        ]
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == str(base.resolve()), folder
+        assert config["target_modules"] == ALL_MODULES
+    merged = run.parent / "merged"
+    assert main(["export", str(run), "--merge", "--out", str(merged)]) == 0
+    assert (merged / "model.safetensors").is_file()
