@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
 from mtprun.compiler import HeadPlan, compile_recipe
@@ -21,6 +20,7 @@ from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.trainer import TrainerSection
 
 from .conftest import TINY, make_recipe, random_packed_batch
+from .h4_pool import gloo_pool
 
 SGD = {"optimizer": "sgd", "lr": 1.0, "grad_clip": None}
 
@@ -319,28 +319,21 @@ def _train_steps(model_dir, teacher_dir, parallel, batch_ids, trainer=None, step
     }
 
 
-def _parallel_process(rank, parallel, port, model_dir, teacher_dir, out_path, trainer, steps):
+def _layout_job(rank, layout, model_dir, teacher_dir, trainer, steps):
+    """Rank `rank` of `layout` (a pool worker): data-parallel replicas split the step's micro
+    batches, TP, CP ranks and stages share them; the last rank (the last stage, where losses
+    are computed) returns what it reports."""
     from megatron.core import parallel_state
 
-    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
-
-    layout = ParallelSection(**parallel)
-    init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-    # Data-parallel replicas split the step's micro batches; TP, CP ranks and stages share them.
-    dp_rank = parallel_state.get_data_parallel_rank()
-    batch_ids = [dp_rank] if layout.dp == 2 else [0, 1]
-    result = _train_steps(model_dir, teacher_dir, parallel, batch_ids, trainer, steps)
-    if rank == layout.world_size - 1:  # on the last stage, where losses are computed
-        torch.save(result, out_path)
-    destroy_parallel()
+    batch_ids = [parallel_state.get_data_parallel_rank()] if layout.get("dp") == 2 else [0, 1]
+    result = _train_steps(model_dir, teacher_dir, layout, batch_ids, trainer, steps)
+    return result if rank == ParallelSection(**layout).world_size - 1 else None
 
 
-def _train_in_processes(parallel, model_dir, teacher_dir, out_path, trainer=None, steps=2):
-    """What the last rank of `parallel` (spawned processes) reports after `steps` steps."""
-    args = (parallel, free_port(), model_dir, teacher_dir, out_path, trainer, steps)
-    world = ParallelSection(**parallel).world_size
-    mp.start_processes(_parallel_process, args=args, nprocs=world, start_method="spawn")
-    return torch.load(out_path)
+def _train_in_processes(layout, model_dir, teacher_dir, trainer=None, steps=2):
+    """What the last rank of `layout` (gloo processes) reports after `steps` steps."""
+    ranks = gloo_pool().run(layout, _layout_job, model_dir, teacher_dir, trainer, steps)
+    return ranks[-1]
 
 
 def _assert_same_metrics(one, two):
@@ -348,6 +341,13 @@ def _assert_same_metrics(one, two):
         assert step1.keys() == step2.keys()
         for name, value in step1.items():
             assert step2[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+@pytest.fixture(scope="module")
+def one_process_runs(megatron_tp1):
+    """Two clipped-SGD steps of each model in this process, computed once per model and
+    shared by its layouts: their reference."""
+    return {}
 
 
 @pytest.mark.slow
@@ -373,12 +373,17 @@ def _assert_same_metrics(one, two):
     ],
 )
 def test_parallel_layouts_train_exactly_like_one_process(
-    megatron_tp1, tiny_qwen2_dir, tmp_path, request, parallel, model
+    one_process_runs, tiny_qwen2_dir, request, parallel, model
 ):
+    """Two clipped-SGD steps (with weight decay) of the RL losses, a distill term and, on MiMo
+    models, an mtp term: every metric within 1e-4, the log-probs after them within 1e-5 and
+    every gathered weight within 1e-4 of one process; a stage holds its share of the layers."""
     model_dir = request.getfixturevalue(f"tiny_{model}_dir")
     teacher = tiny_qwen2_dir  # same tokenizer; under TP it is split like the student
-    two = _train_in_processes(parallel, model_dir, teacher, tmp_path / "two.pt")
-    one = _train_steps(model_dir, teacher, {}, [0, 1])
+    two = _train_in_processes(parallel, model_dir, teacher)
+    if model not in one_process_runs:
+        one_process_runs[model] = _train_steps(model_dir, teacher, {}, [0, 1])
+    one = one_process_runs[model]
     assert two["decoder_layers"] == one["decoder_layers"] // parallel.get("pp", 1)
     _assert_same_metrics(one, two)
     torch.testing.assert_close(two["logprobs"], one["logprobs"], rtol=1e-5, atol=1e-5)
@@ -389,22 +394,23 @@ def test_parallel_layouts_train_exactly_like_one_process(
 
 @pytest.fixture(scope="module")
 def qwen3_one_process(megatron_tp1, tiny_qwen3_dir, tiny_qwen2_dir):
-    """Three AdamW steps of the Qwen3 model in this process, the reference of every layout."""
-    return _train_steps(tiny_qwen3_dir, tiny_qwen2_dir, {}, [0, 1], CLIPPED_ADAMW, steps=3)
+    """Two AdamW steps of the Qwen3 model in this process, the reference of every layout."""
+    return _train_steps(tiny_qwen3_dir, tiny_qwen2_dir, {}, [0, 1], CLIPPED_ADAMW, steps=2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", [{"pp": 2}], ids=["pp2"])
 def test_qwen3_layouts_train_like_one_process(
-    qwen3_one_process, tiny_qwen3_dir, tiny_qwen2_dir, tmp_path, parallel
+    qwen3_one_process, tiny_qwen3_dir, tiny_qwen2_dir, parallel
 ):
     """Qwen3's per-head q/k norms need nothing of pipeline parallelism: a stage holds its
     layers' norms whole (under cp and dp their gradients are summed like every other weight's,
     as the Qwen2 layouts above check; tp, where each rank normalises only its heads:
     test_qwen3.py).
-    Three AdamW steps of the RL losses with a distill term, every metric within 1e-4."""
-    path = tmp_path / "two.pt"
-    two = _train_in_processes(parallel, tiny_qwen3_dir, tiny_qwen2_dir, path, CLIPPED_ADAMW, 3)
+    Two AdamW steps of the RL losses with a distill term (the second reads the moments the
+    first left), every metric within 1e-4, and the log-probs after them (the second update)
+    within 1e-4."""
+    two = _train_in_processes(parallel, tiny_qwen3_dir, tiny_qwen2_dir, CLIPPED_ADAMW, 2)
     assert two["decoder_layers"] == qwen3_one_process["decoder_layers"] // parallel.get("pp", 1)
     _assert_same_metrics(qwen3_one_process, two)
     torch.testing.assert_close(two["logprobs"], qwen3_one_process["logprobs"], rtol=1e-4, atol=1e-4)
