@@ -15,6 +15,8 @@ from mtprun.runner.trainer.embedding_grad import (
     accumulate_embedding_grad_in_main_grad,
 )
 
+from .h4_pool import gloo_pool
+
 
 def _dense_grad(ids: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     w = weight.detach().double().requires_grad_()
@@ -71,53 +73,30 @@ def test_megatron_embedding_routed_into_main_grad(megatron_tp1):
     assert frozen.weight.grad is not None  # the plain backward
 
 
-def _tp_rank(rank: int, port: int, ids, weight, grad_out, results) -> None:
-    """One rank of a 2-way vocab-parallel embedding (gloo on CPU): its output and main_grad."""
-    import torch.distributed as dist
+def _tp_job(rank: int, layout, ids, weight, grad_out):
+    """Rank `rank` of a 2-way vocab-parallel embedding (a gloo pool worker, tp=2): its
+    output and main_grad."""
     from megatron.core import parallel_state
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=2)
-        embedding = _embedding(parallel_state.get_tensor_model_parallel_group())
-        with torch.no_grad():
-            embedding.weight.copy_(weight[rank * 32 : (rank + 1) * 32])
-        embedding.weight.main_grad = torch.zeros(32, 16)
-        accumulate_embedding_grad_in_main_grad(embedding)
-        out = embedding(ids)
-        out.backward(grad_out)
-        results.put((rank, out.detach().numpy(), embedding.weight.main_grad.numpy()))
-    finally:
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+    embedding = _embedding(parallel_state.get_tensor_model_parallel_group())
+    with torch.no_grad():
+        embedding.weight.copy_(weight[rank * 32 : (rank + 1) * 32])
+    embedding.weight.main_grad = torch.zeros(32, 16)
+    accumulate_embedding_grad_in_main_grad(embedding)
+    out = embedding(ids)
+    out.backward(grad_out)
+    return out.detach(), embedding.weight.main_grad
 
 
 def test_vocab_parallel_ranks_add_their_own_rows():
     """tp = 2: each rank looks up the tokens of its half of the vocabulary (the others count 0
     before the ranks' sum) and adds only those rows to its main_grad shard."""
-    import torch.multiprocessing as mp
-
-    from mtprun.runner.net import free_port
-
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 64, (2, 11), generator=g)
     weight, grad_out = torch.randn(64, 16, generator=g), torch.randn(2, 11, 16, generator=g)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    args = (free_port(), ids, weight, grad_out, results)
-    procs = [ctx.Process(target=_tp_rank, args=(rank, *args)) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    got = {}
-    for _ in procs:
-        rank, out, main_grad = results.get(timeout=120)
-        got[rank] = (torch.from_numpy(out), torch.from_numpy(main_grad))
-    for proc in procs:
-        proc.join(timeout=60)
-        assert proc.exitcode == 0
+    ranks = gloo_pool().run({"tp": 2}, _tp_job, ids, weight, grad_out)
     dense = _dense_grad(ids, weight, grad_out)
-    for rank, (out, main_grad) in got.items():
+    for rank, (out, main_grad) in enumerate(ranks):
         torch.testing.assert_close(out, F.embedding(ids, weight), rtol=1e-6, atol=1e-6)
         want = dense[rank * 32 : (rank + 1) * 32]
         torch.testing.assert_close(main_grad.double(), want, rtol=1e-6, atol=1e-6)
