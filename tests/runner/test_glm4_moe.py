@@ -18,8 +18,9 @@ from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyExperts, TinyModel
 
 from .conftest import TINY, make_recipe, random_packed_batch
+from .h4_layouts import ADAMW, check_trains_like_one_process
 from .qwen3_folders import assert_logits_equal_transformers, build_glm4_moe_folder
-from .test_qwen3_moe import ADAMW, _hf_logprobs, check_trains_like_one_process
+from .test_qwen3_moe import _hf_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -72,13 +73,19 @@ def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, glm_dir, t
     torch.testing.assert_close(trained, _hf_logprobs(exported, batch), rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def one_process(megatron_tp1):
+    """One-process runs by model folder, the reference of every layout (`h4_layouts`)."""
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"dp": 2, "ep": 2}, {"tp": 2}], ids=["dp2ep2", "tp2"])
-def test_layouts_train_like_one_process(megatron_tp1, glm_dir, tmp_path, layout):
+def test_layouts_train_like_one_process(one_process, glm_dir, layout):
     """Routed experts split over ep (the shared expert and the router replicated); tp=2 (the
     shared expert split over tp like a dense MLP, the routed experts whole, each rank routing
     half of the tokens). pp with experts: the Qwen3-MoE case."""
-    check_trains_like_one_process(glm_dir, layout, tmp_path / "two.pt")
+    check_trains_like_one_process(glm_dir, layout, one_process)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
+from .h4_layouts import check_trains_like_one_process
 from .qwen3_5_folders import build_qwen3_5_folder, build_qwen3_5_vl_folder
-from .test_qwen3_moe import check_trains_like_one_process
 
 ADAMW = {"optimizer": "adamw", "lr": 1e-3}
 
@@ -158,13 +158,19 @@ def test_vision_language_checkpoint_trains_its_text_model_and_keeps_its_layout(
     torch.testing.assert_close(trained, _hf_logprobs(reloaded, batch), rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture(scope="module")
+def one_process(megatron_tp1):
+    """One-process runs by model folder, the reference of every layout (`h4_layouts`)."""
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
-def test_layouts_train_like_one_process(megatron_tp1, qwen3_5_dir, tmp_path, layout):
+def test_layouts_train_like_one_process(one_process, qwen3_5_dir, layout):
     """tp=2 (each rank one GDN key head with its two value heads, one attention group) and
     pp=2 (stage 0: two GDN layers; stage 1: a GDN and the attention layer, by whole-model
     layer index) train as one process does."""
-    check_trains_like_one_process(qwen3_5_dir, layout, tmp_path / "two.pt")
+    check_trains_like_one_process(qwen3_5_dir, layout, one_process)
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
 from mtprun.models.expert_shape import ExpertShape
-from mtprun.runner.net import free_port
 from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
-from mtprun.spec.parallel import ParallelSection
 
 from .conftest import make_recipe, random_packed_batch
+from .h4_layouts import ADAMW, check_trains_like_one_process
 from .qwen3_folders import assert_logits_equal_transformers, build_qwen3_moe_folder
-
-ADAMW = {"optimizer": "adamw", "lr": 1e-3}
 
 
 @pytest.fixture(scope="module")
@@ -95,65 +91,24 @@ def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, moe_dir, t
     torch.testing.assert_close(trained, _hf_logprobs(exported, batch), rtol=1e-4, atol=1e-4)
 
 
-def _batches(vocab):
-    return [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
-
-
-def _three_adamw_steps(model_dir, parallel, batch_ids=(0, 1)):
-    recipe = make_recipe(model_dir, parallel=parallel, trainer=ADAMW)
-    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
-    batches = [_batches(trainer.shape.vocab)[i] for i in batch_ids]
-    metrics = [trainer.train_step(batches) for _ in range(3)]
-    return metrics, trainer.hf_state_dict()
-
-
 # cp with experts runs the same routing code as dp (each rank routes its own tokens): the
 # dense models' cp case covers the rest (tests/runner/test_trainer.py).
 LAYOUTS = [{"dp": 2, "ep": 2}, {"pp": 2}, {"tp": 2, "dp": 2, "ep": 2}]
 
 
-def _layout_process(rank, port, model_dir, out_path, layout):
-    """Rank `rank` of `layout`: each of two data-parallel replicas trains its own micro
-    batch, without dp every rank both; the last rank (the last pipeline stage) saves."""
-    from mtprun.runner.trainer.parallel import (
-        data_parallel_replica,
-        destroy_parallel,
-        init_parallel,
-    )
-
-    parallel = ParallelSection(**layout)
-    init_parallel(parallel, rank, parallel.world_size, "127.0.0.1", port)
-    batch_ids = [data_parallel_replica(rank, parallel)] if parallel.dp == 2 else (0, 1)
-    result = _three_adamw_steps(model_dir, layout, batch_ids=batch_ids)
-    if rank == parallel.world_size - 1:
-        torch.save(result, out_path)
-    destroy_parallel()
-
-
-def check_trains_like_one_process(model_dir, layout, out_path):
-    """Loss and grad norm of 3 AdamW steps within 1e-4 of one process, and the gathered
-    weights equal (a misplaced expert or stage would differ by whole weights; Adam's division
-    by tiny second moments leaves ~1e-5 between reduction orders)."""
-    args = (free_port(), model_dir, out_path, layout)
-    world = ParallelSection(**layout).world_size
-    mp.start_processes(_layout_process, args=args, nprocs=world, start_method="spawn")
-    two, two_weights = torch.load(out_path)
-    one, one_weights = _three_adamw_steps(model_dir, {})
-    for step1, step2 in zip(one, two, strict=True):
-        for name in ("loss", "grad_norm"):
-            assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
-    assert two_weights.keys() == one_weights.keys()
-    for name, tensor in one_weights.items():
-        torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
+@pytest.fixture(scope="module")
+def one_process(megatron_tp1):
+    """One-process runs by model folder, the reference of every layout (`h4_layouts`)."""
+    return {}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["dp2ep2", "pp2", "tp2dp2ep2"])
-def test_layouts_train_like_one_process(megatron_tp1, moe_dir, tmp_path, layout):
+def test_layouts_train_like_one_process(one_process, moe_dir, layout):
     """dp=2 with ep=2 (each rank two of the four experts and its own micro batch), pp=2 (a
     dense and a sparse stage) and tp=2 with dp=2 and ep=2 on four processes (attention split,
     each tp rank routing half of the tokens to whole experts)."""
-    check_trains_like_one_process(moe_dir, layout, tmp_path / "two.pt")
+    check_trains_like_one_process(moe_dir, layout, one_process)
 
 
 def _router_reference(model_dir, batch, top_k):
