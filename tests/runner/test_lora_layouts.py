@@ -6,9 +6,9 @@ parallelism: attention adapters on a Qwen3-MoE policy (its experts take none) un
 Fresh adapters (B = 0) under tp=2 on Qwen2 and Qwen3: each rank its share of the adapters,
 and the same steps and merged weights as one process.
 
-Every layout has two processes: one spawned pair of processes trains them all in turn (each
-its own process group and Megatron groups, torn down before the next), so the processes'
-start (torch and Megatron imports) is paid once for the module."""
+Every layout has two processes: one spawned pair of processes trains them all in turn
+(`h2_lora_layouts`), so the processes' start (torch and Megatron imports) is paid once for
+the module."""
 
 from __future__ import annotations
 
@@ -16,16 +16,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape
-from mtprun.models.lora import init_adapters, is_adapter, peft_name
+from mtprun.models.lora import init_adapters, peft_name
 from mtprun.preflight.memory import lora_layer_params
 from mtprun.runner.net import free_port
 from mtprun.runner.policy_folder import save_peft_adapter
-from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import LoRASection
 from mtprun.spec.parallel import ParallelSection
 
+from . import h2_lora_layouts
 from .conftest import make_recipe, random_packed_batch
 from .qwen3_folders import build_qwen3_moe_folder
 
@@ -50,58 +49,14 @@ def _random_adapter_folder(model_dir, lora_fields, folder):
 
 
 def _case(model_dir, lora, trainer, parallel):
-    """What `_train` needs to train one layout (or one process: parallel {})."""
-    return {"model_dir": model_dir, "lora": lora, "trainer": trainer, "parallel": parallel}
-
-
-def _train(case, batch_ids):
-    """Three AdamW steps on micro batches `batch_ids` in an initialised process: what this
-    rank reports (its own count of adapter parameters; the adapters and merged weights
-    gathered)."""
-    model_dir = case["model_dir"]
+    """A layout's (or one process's: parallel {}) recipe on `model_dir` and its two micro
+    batches, for `h2_lora_layouts.train`."""
     recipe = make_recipe(
-        model_dir,
-        model={"path": str(model_dir), "lora": case["lora"]},
-        parallel=case["parallel"],
-        trainer=case["trainer"],
+        model_dir, model={"path": str(model_dir), "lora": lora}, parallel=parallel, trainer=trainer
     )
-    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
-    vocab = trainer.shape.vocab
+    vocab = ModelShape.from_model_dir(model_dir).vocab
     batches = [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
-    metrics = [trainer.train_step([batches[i] for i in batch_ids]) for _ in range(3)]
-    count = sum(p.numel() for n, p in trainer.model.named_parameters() if is_adapter(n))
-    return {
-        "metrics": metrics,
-        "logprobs": trainer.logprobs(batches[:1]),
-        "adapters": trainer.adapter_state_dict(),
-        "merged": trainer.hf_state_dict(),
-        "count": count,
-    }
-
-
-def _process(rank, cases, ports, out_path):
-    """Rank `rank` of every layout in `cases`, one after another; the last rank (the last
-    pipeline stage, where the losses are) saves each layout's report."""
-    from megatron.core import parallel_state
-
-    from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
-
-    results = {}
-    for (name, case), port in zip(cases.items(), ports, strict=True):
-        layout = ParallelSection(**case["parallel"])
-        init_parallel(layout, rank, layout.world_size, "127.0.0.1", port)
-        try:
-            # Data-parallel replicas split the step's micro batches; TP, CP ranks and stages
-            # share them.
-            batch_ids = [parallel_state.get_data_parallel_rank()] if layout.dp == 2 else [0, 1]
-            results[name] = _train(case, batch_ids)
-        except Exception as e:
-            e.add_note(f"in layout {name}")
-            raise
-        finally:
-            destroy_parallel()
-    if rank == 1:
-        torch.save(results, out_path)
+    return {"model_dir": model_dir, "recipe": recipe, "batches": batches}
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +79,8 @@ def layouts(tiny_qwen2_dir, tiny_qwen3_dir, tokenizer, tmp_path_factory):
         cases[f"fresh_{fixture}"] = _case(folders[fixture], LORA, FRESH_ADAMW, {"tp": 2})
     out = tmp / "two.pt"
     ports = [free_port() for _ in cases]
-    mp.start_processes(_process, args=(cases, ports, out), nprocs=2, start_method="spawn")
+    args = (cases, ports, out)
+    mp.start_processes(h2_lora_layouts.process, args=args, nprocs=2, start_method="spawn")
     return cases, torch.load(out)
 
 
@@ -134,9 +90,11 @@ def one_process(megatron_tp1):
     cache = {}
 
     def report(case):
-        key = (str(case["model_dir"]), repr(case["lora"]), repr(case["trainer"]))
+        recipe = case["recipe"]
+        key = (str(case["model_dir"]), repr(recipe.model.lora), repr(recipe.trainer))
         if key not in cache:
-            cache[key] = _train({**case, "parallel": {}}, [0, 1])
+            one = recipe.model_copy(update={"parallel": ParallelSection()})
+            cache[key] = h2_lora_layouts.train({**case, "recipe": one}, [0, 1])
         return cache[key]
 
     return report
