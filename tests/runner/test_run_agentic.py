@@ -18,12 +18,16 @@ pytestmark = pytest.mark.slow
 RECIPE = Path(__file__).parents[2] / "recipes" / "grpo-agentic.yaml"
 ENVIRONMENT = f"{Path(__file__).parent / 'envs' / 'scored_calculator.py'}:ScoredCalculator"
 RL_STEPS = 2
+# A shorter warm start at a higher learning rate than the recipe's (60 steps at 1e-3): 6 and 8 of
+# the steps' 32 episodes called the tool after it, against 1 and 1 after the recipe's.
+WARMSTART = ("warmstart.steps=45", "warmstart.lr=2e-3")
 
 
 @pytest.fixture(scope="module")
 def agentic_run():
     # No task.reward: the environment rewards every episode.
     overrides = (f"trainer.steps={RL_STEPS}", f"task.environment={ENVIRONMENT}", "task.reward=null")
+    overrides += WARMSTART
     with finished_run(RECIPE, *overrides, prefix="agt") as record:
         yield record
 
