@@ -151,3 +151,18 @@ def test_workers_pass_the_answer_without_reasoning_and_the_generated_text(reward
     # None: the text rebuilt from the final message (here the same text).
     expected = {"total": 1.0, "reasoned": 1.0, "raw_length": float(len(raw))}
     assert [o.components for o in scores.outcomes] == [expected, expected]
+
+
+def test_a_worker_dying_before_it_loads_the_reward_fails_the_episodes_not_the_run(tmp_path) -> None:
+    """A worker process that dies while starting (here the reward module exits at import; an
+    unpicklable entry point does the same) is not started again and again: every episode is
+    an error naming the start-up death, and the step ends."""
+    path = tmp_path / "exits.py"
+    path.write_text("import os\nos._exit(7)\n\ndef reward(completion):\n    return 1.0\n")
+    scorer = EpisodeScorer(f"{path}:reward", workers=2, timeout_s=30, on_error=-1.0)
+    try:
+        scores = scorer.score(*_episodes(["42", "41", "40"]))
+    finally:
+        scorer.close()
+    assert scores.totals == [-1.0, -1.0, -1.0] and scores.errors == 3
+    assert all("died (exit code 7) while starting" in o.error for o in scores.outcomes)

@@ -485,9 +485,11 @@ class RewardPool:
             kind, payload = worker.conn.recv()
         except (EOFError, OSError):
             worker.process.join(timeout=5)
-            self._replace(
-                worker, f"the reward's process died (exit code {worker.process.exitcode})"
-            )
+            died = f"the reward's process died (exit code {worker.process.exitcode})"
+            if not worker.ready:  # before loading the reward: a fresh one would die the same way
+                self._broken = f"{died} while starting, before it loaded {self.reference}"
+                log.error("%s", self._broken)
+            self._replace(worker, self._broken or died)
             return
         if kind == READY:
             worker.ready = True
