@@ -15,7 +15,7 @@ from mtprun.runner.trainer.embedding_grad import (
     accumulate_embedding_grad_in_main_grad,
 )
 
-from .h4_pool import gloo_pool
+from .gloo_pool import gloo_pool
 
 
 def _dense_grad(ids: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:

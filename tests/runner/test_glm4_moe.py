@@ -18,7 +18,7 @@ from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.model import TinyExperts, TinyModel
 
 from .conftest import TINY, make_recipe, random_packed_batch
-from .h4_layouts import ADAMW, check_trains_like_one_process
+from .layout_check import ADAMW, check_trains_like_one_process
 from .qwen3_folders import assert_logits_equal_transformers, build_glm4_moe_folder
 from .test_qwen3_moe import _hf_logprobs
 
@@ -75,7 +75,7 @@ def test_trainer_logprobs_and_export_equal_transformers(megatron_tp1, glm_dir, t
 
 @pytest.fixture(scope="module")
 def one_process(megatron_tp1):
-    """One-process runs by model folder, the reference of every layout (`h4_layouts`)."""
+    """One-process runs by model folder, the reference of every layout (`layout_check`)."""
     return {}
 
 

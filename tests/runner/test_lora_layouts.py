@@ -7,7 +7,7 @@ Fresh adapters (B = 0) under tp=2 on Qwen2 and Qwen3: each rank its share of the
 and the same steps and merged weights as one process.
 
 Every layout has two processes: one spawned pair of processes trains them all in turn
-(`h2_lora_layouts`), so the processes' start (torch and Megatron imports) is paid once for
+(`lora_layout_ranks`), so the processes' start (torch and Megatron imports) is paid once for
 the module."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from mtprun.runner.policy_folder import save_peft_adapter
 from mtprun.spec.model import LoRASection
 from mtprun.spec.parallel import ParallelSection
 
-from . import h2_lora_layouts
+from . import lora_layout_ranks
 from .conftest import make_recipe, random_packed_batch
 from .qwen3_folders import build_qwen3_moe_folder
 
@@ -50,7 +50,7 @@ def _random_adapter_folder(model_dir, lora_fields, folder):
 
 def _case(model_dir, lora, trainer, parallel):
     """A layout's (or one process's: parallel {}) recipe on `model_dir` and its two micro
-    batches, for `h2_lora_layouts.train`."""
+    batches, for `lora_layout_ranks.train`."""
     recipe = make_recipe(
         model_dir, model={"path": str(model_dir), "lora": lora}, parallel=parallel, trainer=trainer
     )
@@ -80,7 +80,7 @@ def layouts(tiny_qwen2_dir, tiny_qwen3_dir, tokenizer, tmp_path_factory):
     out = tmp / "two.pt"
     ports = [free_port() for _ in cases]
     args = (cases, ports, out)
-    mp.start_processes(h2_lora_layouts.process, args=args, nprocs=2, start_method="spawn")
+    mp.start_processes(lora_layout_ranks.process, args=args, nprocs=2, start_method="spawn")
     return cases, torch.load(out)
 
 
@@ -94,7 +94,7 @@ def one_process(megatron_tp1):
         key = (str(case["model_dir"]), repr(recipe.model.lora), repr(recipe.trainer))
         if key not in cache:
             one = recipe.model_copy(update={"parallel": ParallelSection()})
-            cache[key] = h2_lora_layouts.train({**case, "recipe": one}, [0, 1])
+            cache[key] = lora_layout_ranks.train({**case, "recipe": one}, [0, 1])
         return cache[key]
 
     return report

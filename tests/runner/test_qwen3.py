@@ -15,7 +15,7 @@ from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
-from .h4_pool import gloo_pool
+from .gloo_pool import gloo_pool
 from .qwen3_folders import assert_logits_equal_transformers, build_qwen3_folder
 
 ADAMW = {"optimizer": "adamw", "lr": 1e-3}

@@ -23,7 +23,7 @@ from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
-from .h4_layouts import check_trains_like_one_process
+from .layout_check import check_trains_like_one_process
 from .qwen3_5_folders import build_qwen3_5_folder, build_qwen3_5_vl_folder
 
 ADAMW = {"optimizer": "adamw", "lr": 1e-3}
@@ -160,7 +160,7 @@ def test_vision_language_checkpoint_trains_its_text_model_and_keeps_its_layout(
 
 @pytest.fixture(scope="module")
 def one_process(megatron_tp1):
-    """One-process runs by model folder, the reference of every layout (`h4_layouts`)."""
+    """One-process runs by model folder, the reference of every layout (`layout_check`)."""
     return {}
 
 

@@ -16,7 +16,7 @@ from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
-from .h4_layouts import ADAMW, check_trains_like_one_process
+from .layout_check import ADAMW, check_trains_like_one_process
 from .qwen3_folders import assert_logits_equal_transformers, build_qwen3_moe_folder
 
 
@@ -98,7 +98,7 @@ LAYOUTS = [{"dp": 2, "ep": 2}, {"pp": 2}, {"tp": 2, "dp": 2, "ep": 2}]
 
 @pytest.fixture(scope="module")
 def one_process(megatron_tp1):
-    """One-process runs by model folder, the reference of every layout (`h4_layouts`)."""
+    """One-process runs by model folder, the reference of every layout (`layout_check`)."""
     return {}
 
 

@@ -20,7 +20,7 @@ from mtprun.spec.parallel import ParallelSection
 from mtprun.spec.trainer import TrainerSection
 
 from .conftest import TINY, make_recipe, random_packed_batch
-from .h4_pool import gloo_pool
+from .gloo_pool import gloo_pool
 
 SGD = {"optimizer": "sgd", "lr": 1.0, "grad_clip": None}
 

@@ -14,7 +14,7 @@ from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.parallel import ParallelSection
 
 from .conftest import make_recipe, random_packed_batch
-from .h4_pool import gloo_pool
+from .gloo_pool import gloo_pool
 
 ADAMW = {"optimizer": "adamw", "lr": 1e-3}
 
