@@ -34,10 +34,13 @@ class JudgeStub:
                     stub.in_flight += 1
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
                 try:
-                    stub._answer(self, body)
+                    status, payload = stub._answer(body)
                 finally:
+                    # Out of flight before the reply leaves: once the client has it, its next
+                    # request may arrive before this thread would get past the send.
                     with stub._lock:
                         stub.in_flight -= 1
+                stub._send(self, status, payload)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -52,7 +55,8 @@ class JudgeStub:
     def score_of(message: str) -> str:
         return "10" if "Answer: 42" in message else "2"
 
-    def _answer(self, handler: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+    def _answer(self, body: dict[str, Any]) -> tuple[int, bytes]:
+        """The (status, payload) the current mode replies to `body`."""
         mode = self.mode
         if mode == "flaky":
             mode = "error500" if len(self.requests) % 3 == 0 else "score"
@@ -60,11 +64,9 @@ class JudgeStub:
             time.sleep(self.delay_s)
             mode = "score"
         if mode in ("error500", "error400"):
-            self._send(handler, int(mode[-3:]), b'{"error": "boom"}')
-            return
+            return int(mode[-3:]), b'{"error": "boom"}'
         if mode == "not_json":
-            self._send(handler, 200, b"<html>proxy error</html>")
-            return
+            return 200, b"<html>proxy error</html>"
         message = body["messages"][-1]["content"]
         text = (
             "I cannot grade this."
@@ -72,7 +74,7 @@ class JudgeStub:
             else f"Fine.\nScore: {self.score_of(message)}"
         )
         reply = {"choices": [{"message": {"role": "assistant", "content": text}}]}
-        self._send(handler, 200, json.dumps(reply).encode())
+        return 200, json.dumps(reply).encode()
 
     @staticmethod
     def _send(handler: BaseHTTPRequestHandler, status: int, payload: bytes) -> None:
