@@ -6,26 +6,24 @@ parallelism: attention adapters on a Qwen3-MoE policy (its experts take none) un
 Fresh adapters (B = 0) under tp=2 on Qwen2 and Qwen3: each rank its share of the adapters,
 and the same steps and merged weights as one process.
 
-Every layout has two processes: one spawned pair of processes trains them all in turn
-(`lora_layout_ranks`), so the processes' start (torch and Megatron imports) is paid once for
-the module."""
+Every layout has two processes: the shared kept workers (`gloo_pool`) train them all in turn
+(`lora_layout_ranks`), so the processes' start (torch and Megatron imports) is paid once."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from mtprun.models import ModelShape
 from mtprun.models.lora import init_adapters, peft_name
 from mtprun.preflight.memory import lora_layer_params
-from mtprun.runner.net import free_port
 from mtprun.runner.policy_folder import save_peft_adapter
 from mtprun.spec.model import LoRASection
 from mtprun.spec.parallel import ParallelSection
 
 from . import lora_layout_ranks
 from .conftest import make_recipe, random_packed_batch
+from .gloo_pool import gloo_pool
 from .qwen3_folders import build_qwen3_moe_folder
 
 pytestmark = pytest.mark.slow
@@ -61,8 +59,7 @@ def _case(model_dir, lora, trainer, parallel):
 
 @pytest.fixture(scope="module")
 def layouts(tiny_qwen2_dir, tiny_qwen3_dir, tokenizer, tmp_path_factory):
-    """Every layout's case and what its last rank reported, trained by one spawned pair of
-    processes."""
+    """Every layout's case and what its last rank reported, trained by the shared workers."""
     tmp = tmp_path_factory.mktemp("lora_layouts")
     adapter_dir = _random_adapter_folder(tiny_qwen2_dir, LORA, tmp / "adapter")
     moe_dir = build_qwen3_moe_folder(tokenizer, tmp / "moe", seed=0)
@@ -77,11 +74,12 @@ def layouts(tiny_qwen2_dir, tiny_qwen3_dir, tokenizer, tmp_path_factory):
     folders = {"tiny_qwen2_dir": tiny_qwen2_dir, "tiny_qwen3_dir": tiny_qwen3_dir}
     for fixture in FRESH_MODELS:
         cases[f"fresh_{fixture}"] = _case(folders[fixture], LORA, FRESH_ADAMW, {"tp": 2})
-    out = tmp / "two.pt"
-    ports = [free_port() for _ in cases]
-    args = (cases, ports, out)
-    mp.start_processes(lora_layout_ranks.process, args=args, nprocs=2, start_method="spawn")
-    return cases, torch.load(out)
+    reports = {}
+    for name, case in cases.items():
+        layout = case["recipe"].parallel.model_dump()
+        # The last rank: the last pipeline stage, where the losses are.
+        reports[name] = gloo_pool().run(layout, lora_layout_ranks.rank_job, case)[-1]
+    return cases, reports
 
 
 @pytest.fixture(scope="module")
