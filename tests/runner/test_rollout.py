@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from mtprun.models.tiny import build_tiny_model
-from mtprun.runner.rollout.engine import RolloutEngine, checkpoint_dtype, spec_decode_metrics
+from mtprun.runner.rollout.engine import RolloutEngine, served_dtype, spec_decode_metrics
 from mtprun.spec.model import TinyModel
 from mtprun.spec.rollout import RolloutSection
 
@@ -159,6 +159,6 @@ def test_engine_samples_in_the_trainers_dtype(tmp_path):
     (folder / "config.json").write_text(
         json.dumps({"architectures": ["Qwen2ForCausalLM"], "torch_dtype": "float32"})
     )
-    assert checkpoint_dtype(folder, "bfloat16") == "bfloat16"
-    assert checkpoint_dtype(folder, "float32") == "float32"
-    assert checkpoint_dtype(folder) == "float32"  # no trainer: the folder's own
+    assert served_dtype(folder, "bfloat16") == "bfloat16"
+    assert served_dtype(folder, "float32") == "float32"
+    assert served_dtype(folder) == "float32"  # no trainer: the folder's own

@@ -51,10 +51,10 @@ __all__ = [
     "RolloutEngine",
     "Sample",
     "Sampling",
-    "checkpoint_dtype",
     "configure_vllm_env",
     "lora_rollout_problem",
     "routed_experts_problem",
+    "served_dtype",
     "spec_decode_metrics",
     "vllm_config_overrides",
     "vllm_max_lora_rank",
@@ -119,7 +119,7 @@ def register_vllm_models() -> None:
         serving.register()
 
 
-def checkpoint_dtype(model_dir: Path, trainer_dtype: str | None = None) -> str:
+def served_dtype(model_dir: Path, trainer_dtype: str | None = None) -> str:
     """The dtype the engine serves in: the trainer's (`model.dtype`, so that sampled and
     trained log-probs agree) where given, else the one config.json declares (vLLM's "auto"
     would run float32 checkpoints in bfloat16 on CPU). Except where the family serves in
@@ -238,7 +238,7 @@ class RolloutEngine:
     ):
         """`engine_args`: vLLM engine arguments over mtprun's (benchmarks: `load_format:
         dummy` serves a shape without reading its weights). `dtype`: the trainer's
-        (`model.dtype`); None: the folder's (`checkpoint_dtype`)."""
+        (`model.dtype`); None: the folder's (`served_dtype`)."""
         if torch.distributed.is_initialized():
             # vLLM would join that group as its own world and destroy it at shutdown.
             raise RuntimeError(
@@ -273,7 +273,7 @@ class RolloutEngine:
         args: dict[str, Any] = {
             "model": str(model_dir),
             "tokenizer": str(model_dir),
-            "dtype": checkpoint_dtype(Path(model_dir), dtype),
+            "dtype": served_dtype(Path(model_dir), dtype),
             "hf_overrides": vllm_config_overrides(Path(model_dir)),
             "seed": seed,
             "speculative_config": speculative,

@@ -96,8 +96,8 @@ class RewardModelWorker:
         from vllm import LLM
 
         from mtprun.runner.rollout.engine import (
-            checkpoint_dtype,
             configure_vllm_env,
+            served_dtype,
             vllm_config_overrides,
         )
 
@@ -108,7 +108,7 @@ class RewardModelWorker:
             model=str(model_dir),
             tokenizer=str(model_dir),
             runner="pooling" if spec.kind == "classifier" else "generate",
-            dtype=checkpoint_dtype(model_dir),
+            dtype=served_dtype(model_dir),
             hf_overrides=vllm_config_overrides(model_dir),
             seed=seed,
             enforce_eager=True,
