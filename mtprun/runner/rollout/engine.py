@@ -87,8 +87,8 @@ class Sample:
 
 def configure_vllm_env(work_dir: Path) -> None:
     """Environment vLLM reads at import/engine start (docs/stack.md): in-process engine, no
-    torch.compile, offline hub. Explicit settings win, except the in-process engine, which
-    this class relies on.
+    torch.compile, offline hub, PyTorch's top-k/top-p sampling. Explicit settings win, except
+    the in-process engine, which this class relies on.
 
     vLLM's cache stays where vLLM keeps it (`VLLM_CACHE_ROOT`, ~/.cache/vllm by default),
     shared by runs: it holds what vLLM learns of a model class by importing it in a
@@ -101,6 +101,11 @@ def configure_vllm_env(work_dir: Path) -> None:
         # torch reads the variable once, at import: apply it when torch came first.
         torch._dynamo.config.disable = True
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # vLLM's CUDA warm-up samples through FlashInfer, whose sampling kernels are compiled
+    # (nvcc) at their first use on a machine: an engine start on a fresh GPU machine waited
+    # minutes for it (issue 34's run 77). Rollouts sample at plain temperature, where the
+    # samplers do the same work; an evaluation's top_p runs in PyTorch's.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     if not torch.cuda.is_available():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mtprun.models.shape import ModelShape
+from mtprun.runner.rollout.vllm_compat import lora_name_mapper
 from mtprun.spec.model import LoRASection
 
 PEFT_MATRICES = (".lora_A.", ".lora_B.")  # in every tensor name of a PEFT adapter
@@ -96,7 +97,7 @@ def install_adapter(
         device="cpu",  # as vLLM loads a folder; activation copies into the engine's buffers
         dtype=loader.lora_config.lora_dtype,
         model_vocab_size=loader.vocab_size,
-        weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+        weights_mapper=lora_name_mapper(mapper) if mapper is not None else None,
         skip_prefixes=getattr(manager.model, "lora_skip_prefixes", None),
     )
     for old in list(manager.list_adapters()):

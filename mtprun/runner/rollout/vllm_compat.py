@@ -9,6 +9,9 @@ calls is the same API on both; this module is the one place that knows otherwise
   "FULL_DECODE_ONLY"}`) and sleep mode (`enable_sleep_mode`, `LLM.sleep(level)`,
   `LLM.wake_up(tags)`, for colocated placement) exist on 0.26's CUDA build; the CPU build
   runs eagerly and has no sleep mode.
+- LoRA tensor names through a model's `hf_to_vllm_mapper`: its renames alone, without the
+  stacking (`q_proj` stays `q_proj`): `get_rename_mapper()` on 0.32,
+  `get_unstacked_mapper()` on 0.26 (`lora_name_mapper`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ def reload_in_place(runner: Any, model: torch.nn.Module, weights: Iterable[Any])
         weights_path=None,
         is_checkpoint_format=True,
     )
+
+
+def lora_name_mapper(mapper: Any) -> Any:
+    """The renames of `mapper` (a vLLM `WeightsMapper`) that LoRA name parsing applies, as
+    each build's own LoRA loader derives them."""
+    rename = getattr(mapper, "get_rename_mapper", None) or mapper.get_unstacked_mapper
+    return rename()
 
 
 def gpu_engine_args(
