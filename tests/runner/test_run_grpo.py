@@ -129,6 +129,10 @@ def test_ctrl_c_stops_cleanly_and_resume_completes_every_step_once(grpo_run):
     log = (grpo_run["run_dir"] / "log.txt").read_text()
     stopped = int(log.split("stopped after step ")[1].split(";")[0])
     assert f"resuming after step {stopped} " in log
+    # Its output is a pipe, no terminal: each step's summary is printed as it ends (a live
+    # bar would be drawn only once, at the end).
+    for step in range(stopped + 1, TOTAL + 1):
+        assert f"step {step} | " in out, out[-3000:]
 
 
 def test_no_episode_trains_a_policy_more_than_max_staleness_steps_newer(grpo_run):

@@ -17,6 +17,7 @@ generates them again from the weights it starts with.
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -299,7 +300,9 @@ class Driver:
                 self._commit(step, result)
                 summary = summary_line(step, self._progress_metrics(result), _SUMMARY)
                 progress.step_done(bar, summary)
-                log.debug(summary)  # log.txt keeps every step's line (the console shows the newest)
+                # log.txt keeps every step's line; a console that is no terminal (a cluster
+                # job's log, a pipe) draws the bars only at the end, so it gets them too.
+                (log.debug if self.console.is_terminal else log.info)(summary)
                 if every and step % every == 0:
                     self._save()
         finally:
@@ -396,6 +399,7 @@ class Driver:
         if self.saved_step == self.step or self.trainer is None:
             return
         trainer = self.trainer
+        start = time.perf_counter()
 
         def write() -> Path:
             return checkpoint.write(
@@ -413,7 +417,7 @@ class Driver:
             (final,) = written
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
-        log.info("checkpoint: %s", final)
+        log.info("checkpoint: %s (%.0f s)", final, time.perf_counter() - start)
         keep = self.recipe.trainer.keep_checkpoints
         if keep is not None:
             # Stage ends stay: the next stage and `mtprun export --step` start from them.
