@@ -7,8 +7,9 @@ There are three ways, each a strategy of the runner's, not a kind of reward:
                 worker processes, under task.reward_timeout_s (a hanging one is killed)
     InThreads   a synchronous `score(episode, deadline) -> components` object, built once by
                 `make()`, called from `concurrency` threads
-    OnActor     a model served on a vLLM engine of its own, in a Ray actor beside the rollout
-                engines, scoring a step's episodes in one batched call
+    OnActor     a model served on a vLLM engine in a Ray actor beside the rollout engines (one
+                per model folder and kind, shared by the rewards that serve it), scoring a
+                step's episodes in one batched call
 """
 
 from __future__ import annotations

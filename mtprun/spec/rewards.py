@@ -4,7 +4,8 @@ weight).
 A reward is a built-in's name or a Python function (`package.module:function`,
 `path/to/file.py:function`), an LLM judge behind an OpenAI-compatible endpoint
 (`{type: endpoint, url, model, prompt, parse}`), or a model the run serves itself on a vLLM
-engine of its own (`{type: served, model: <HF folder>, kind: classifier | judge}`); an untagged
+engine (`{type: served, model: <HF folder>, kind: classifier | judge}`; one engine per folder and
+kind, shared by the rewards that serve it); an untagged
 mapping's `type` is inferred from its fields (`url`: endpoint, `kind`: served). Each entry of
 `task.rewards` is one of those with a `weight` and a `name` (its metric: `reward/<name>`).
 

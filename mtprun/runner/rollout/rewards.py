@@ -2,7 +2,7 @@
 in parallel, each call under `task.reward_timeout_s`: reward functions in worker processes,
 an endpoint judge in a pool of threads (`concurrency` requests in flight), a reward model the
 run serves (a classifier or a judge, mtprun.runner.rollout.scorers) in one batched call per
-step to its own engine.
+step to its engine, shared by every reward that serves the same model folder and kind.
 
 The workers are spawned processes that import the reward once (a user file included) and
 then score one episode per message. A dispatcher thread hands queued episodes to idle
@@ -43,7 +43,7 @@ from mtprun.data.rewards import RewardInput, RewardValueError
 from mtprun.data.rewards.endpoint import JudgeError
 from mtprun.runner.rollout.reward_outcome import RewardOutcome
 from mtprun.runner.rollout.reward_worker import BROKEN, READY, worker_main
-from mtprun.runner.rollout.scorers import ScorerPlacement, ServedScorer
+from mtprun.runner.rollout.scorers import ScorerPlacement, ServedScorer, ServedTerm
 from mtprun.sources.scoring import InThreads, InWorkers, OnActor, Scoring
 from mtprun.spec.sources import reward_source
 
@@ -81,12 +81,11 @@ def component_means(outcomes: Sequence[RewardOutcome]) -> dict[str, float]:
 @dataclass(frozen=True)
 class _Term:
     """One reward of the scorer: its metric name, weight, and how it scores an episode (a
-    future outcome), or a whole batch of them at once (a served model: one call)."""
+    future outcome); None: a served model's, whose engine scores a whole batch at once."""
 
     name: str
     weight: float
     submit: Callable[[RewardInput], Future[RewardOutcome]] | None = None
-    submit_many: Callable[[Sequence[RewardInput]], list[Future[RewardOutcome]]] | None = None
 
 
 class EpisodeScorer:
@@ -99,7 +98,8 @@ class EpisodeScorer:
     says (mtprun.sources.scoring). An episode whose environment gave a reward keeps it
     (unscored); without a reward (an environment meant to reward every episode) one it did not
     reward is an error.
-    Served reward models start here, as Ray actors placed by `placement`.
+    Served reward models start here, as Ray actors placed by `placement`: one per model
+    folder and kind, shared by the rewards that serve it.
     """
 
     def __init__(
@@ -125,14 +125,14 @@ class EpisodeScorer:
             dict.fromkeys(p.reference for _, _, p in plans if isinstance(p, InWorkers))
         )
         self.pool = RewardPool(references, workers, timeout_s) if references else None
-        self.judges: list[JudgePool | ServedScorer] = []
+        self.judges: list[JudgePool] = []
+        self.served: dict[tuple[str, str], ServedScorer] = {}  # by ServedScorer.key
         self._terms: list[_Term] = []
         for name, weight, plan in plans:
             self._terms.append(self._term(name, weight, plan, references, placement, timeout_s))
         try:
-            for judge in self.judges:
-                if isinstance(judge, ServedScorer):
-                    judge.wait_started()
+            for served in self.served.values():
+                served.wait_started()
         except BaseException:
             self.close()  # the reward workers and the other served models
             raise
@@ -154,9 +154,13 @@ class EpisodeScorer:
         if isinstance(plan, OnActor):
             if placement is None:
                 raise ValueError(f"the {plan.label} needs a placement to run on")
-            served = ServedScorer(plan.spec, placement, timeout_s)
-            self.judges.append(served)
-            return _Term(name, weight, submit_many=served.submit_many)
+            key = ServedScorer.key(plan.spec)
+            if key not in self.served:
+                self.served[key] = ServedScorer(plan.spec, placement, timeout_s)
+            where = f"reward {name}" if self.combined else "task.reward"
+            # The term's index in self._terms: the one being built.
+            self.served[key].add(len(self._terms), ServedTerm.of(where, plan.spec))
+            return _Term(name, weight)
         judge = JudgePool(plan, timeout_s)
         self.judges.append(judge)
         return _Term(name, weight, submit=judge.submit)
@@ -189,12 +193,11 @@ class EpisodeScorer:
         ]
         given = list(given) if given is not None else [None] * len(inputs)
         unscored = [k for k, reward in enumerate(given) if reward is None]
-        # A served model scores the whole batch in one call; the others, episode by episode.
-        batches = {
-            i: term.submit_many([inputs[k] for k in unscored])
-            for i, term in enumerate(self._terms)
-            if term.submit_many is not None
-        }
+        # A served engine scores the whole batch for its terms in one call; the others score
+        # episode by episode.
+        batches: dict[int, list[Future[RewardOutcome]]] = {}
+        for served in self.served.values():
+            batches.update(served.submit_many([inputs[k] for k in unscored]))
         parts = list(given_components or [None] * len(given))
         futures = [_given(reward, part) for reward, part in zip(given, parts, strict=True)]
         for j, k in enumerate(unscored):
@@ -279,8 +282,8 @@ class EpisodeScorer:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.close()
-        for judge in self.judges:
-            judge.close()
+        for closing in (*self.judges, *self.served.values()):
+            closing.close()
 
 
 class JudgePool:

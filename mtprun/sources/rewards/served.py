@@ -1,9 +1,11 @@
-"""A reward model the run serves on a vLLM engine of its own: `{type: served, model: <HF
-folder>, kind: classifier | judge}` (untagged: a mapping with `kind`).
+"""A reward model the run serves on a vLLM engine: `{type: served, model: <HF folder>, kind:
+classifier | judge}` (untagged: a mapping with `kind`).
 
 Fulfils mtprun.spec.sources.RewardSource: preflight reads its folder (config.json's
 architecture and labels, a chat template) and a judge's template and parse function; it runs
-one Ray actor beside the rollout engines and scores a step's episodes in one batched call.
+on a Ray actor beside the rollout engines (one per model folder and kind: the rewards of
+task.rewards that serve the same folder with the same kind share it, mtprun.runner.rollout.
+scorers) and scores a step's episodes in one batched call.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 
 
 class ServedReward(Section):
-    """A reward model the run serves on a vLLM engine of its own (a Ray actor beside the
-    rollout engines): a sequence classifier scoring each episode, or a generative judge."""
+    """A reward model the run serves on a vLLM engine (a Ray actor beside the rollout engines,
+    shared by the rewards that serve the same folder with the same kind): a sequence
+    classifier scoring each episode, or a generative judge."""
 
     type: Literal["served"] = Field(
         "served", description="A reward model the run serves (inferred from `kind`)."
