@@ -34,6 +34,9 @@ class RolloutWorker:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         from mtprun.runner.rollout.engine import RolloutEngine
+        from mtprun.runner.rollout.vllm_import import import_vllm
+
+        import_vllm(Path(work_dir))  # before the engine: its start then skips that heap
 
         self.engine = RolloutEngine(
             Path(model_dir),
