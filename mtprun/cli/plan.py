@@ -178,7 +178,10 @@ def _reward_models(recipe: Recipe) -> list[dict]:
 def _reward_models_table(recipe: Recipe, models: list[dict]) -> Table:
     from mtprun.spec.actors import ActorDemand
 
-    table = Table(title="served reward models (one vLLM engine each, beside the rollout engines)")
+    table = Table(
+        title="served reward models (one vLLM engine per folder and kind, beside the rollout "
+        "engines)"
+    )
     for column in ("at", "kind", "architecture", "parameters", "weights", "actor"):
         table.add_column(column)
     for m in models:

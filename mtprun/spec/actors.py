@@ -2,7 +2,8 @@
 
 The trainer ranks (tp*pp*cp*dp of them) live for the whole run; an RL run's rollout engines
 (`rollout.num_engines`) live beside them, and so does each reward model the run serves
-(`task.reward: {model, kind}`, or an entry of task.rewards). Each actor reserves
+(`task.reward: {model, kind}`, or entries of task.rewards: one engine per model folder and
+kind, shared by the terms that name both). Each actor reserves
 `resources.cpus_per_actor` CPUs and `resources.gpus_per_actor` GPUs, so the cluster must hold
 the sum at once: an actor that Ray cannot place waits forever, and the run with it.
 """
@@ -10,6 +11,7 @@ the sum at once: an actor that Ray cannot place waits forever, and the run with 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from mtprun.spec.document import KeyPath
@@ -41,7 +43,7 @@ class ActorDemand:
     def of(cls, recipe: RecipeSections) -> ActorDemand:
         res = recipe.resources
         engines = recipe.rollout.num_engines if recipe.is_rl else 0
-        reward_models = len(served_rewards(recipe)) if recipe.is_rl else 0
+        reward_models = len(served_engines(recipe)) if recipe.is_rl else 0
         return cls(
             recipe.parallel.world_size,
             engines,
@@ -103,6 +105,21 @@ def served_rewards(recipe: RecipeSections) -> list[tuple[KeyPath, Any]]:
         if reward_source(term.spec).actors(term.spec):
             found.append((("task", "rewards", i), term))
     return found
+
+
+def served_engine_key(spec: Any) -> tuple[str, str]:
+    """Served rewards with equal keys share one engine (one actor): it loads the folder, in
+    the kind's runner, and nothing else of a term."""
+    return str(Path(spec.model).resolve()), spec.kind
+
+
+def served_engines(recipe: RecipeSections) -> list[list[tuple[KeyPath, Any]]]:
+    """The engines the run serves its reward models on, each as the rewards sharing it (in
+    the recipe's order)."""
+    engines: dict[tuple[str, str], list[tuple[KeyPath, Any]]] = {}
+    for where, spec in served_rewards(recipe):
+        engines.setdefault(served_engine_key(spec), []).append((where, spec))
+    return list(engines.values())
 
 
 def _plural(n: int, noun: str) -> str:

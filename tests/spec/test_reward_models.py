@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mtprun.preflight import check_recipe
 from mtprun.preflight.reward_models import served_models
-from mtprun.spec.actors import ActorDemand
+from mtprun.spec.actors import ActorDemand, served_engines
 
 HEAD = """\
 name: t
@@ -157,6 +157,27 @@ def test_served_models_count_in_the_actors_and_show_their_memory(
     assert (rm.parameters, rm.dtype, rm.weight_bytes) == (trunk + h, "bfloat16", 2 * (trunk + h))
     assert (judge.parameters, judge.weight_bytes) == (trunk + v * h, 4 * (trunk + v * h))
     assert rm.to_dict()["where"] == "task.rewards.1" and judge.spec.kind == "judge"
+
+
+def test_terms_serving_one_folder_and_kind_count_as_one_engine(write_recipe, located, tmp_path):
+    model_folder(tmp_path / "rm", "Qwen2ForSequenceClassification")
+    model_folder(tmp_path / "judge", "Qwen2ForCausalLM")
+    (tmp_path / "p.txt").write_text("{completion}")
+    (tmp_path / "q.txt").write_text("Rate: {completion}")
+    rewards = (
+        "  rewards:\n"
+        "    - {model: rm, kind: classifier}\n"
+        "    - {model: judge, kind: judge, prompt: p.txt, name: a}\n"
+        "    - {model: ./judge, kind: judge, prompt: q.txt, name: b, max_tokens: 4}\n"
+        "resources: {num_cpus: 3}\n"
+    )
+    [found] = located(write_recipe(HEAD + rewards))
+    assert "the run's actors need 4 CPUs at once" in found, found
+    assert "+ 2 served reward models (task.reward(s))" in found, found
+    recipe = check_recipe(write_recipe(HEAD + rewards), ["resources.num_cpus=4"]).recipe
+    assert ActorDemand.of(recipe).reward_models == 2
+    engines = [[where for where, _ in terms] for terms in served_engines(recipe)]
+    assert engines == [[("task", "rewards", 0)], [("task", "rewards", 1), ("task", "rewards", 2)]]
 
 
 def test_plan_shows_the_served_models(tmp_path, capsys, monkeypatch) -> None:

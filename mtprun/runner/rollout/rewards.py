@@ -45,6 +45,7 @@ from mtprun.runner.rollout.reward_outcome import RewardOutcome
 from mtprun.runner.rollout.reward_worker import BROKEN, READY, worker_main
 from mtprun.runner.rollout.scorers import ScorerPlacement, ServedScorer, ServedTerm
 from mtprun.sources.scoring import InThreads, InWorkers, OnActor, Scoring
+from mtprun.spec.actors import served_engine_key
 from mtprun.spec.sources import reward_source
 
 log = logging.getLogger("mtprun")
@@ -126,7 +127,7 @@ class EpisodeScorer:
         )
         self.pool = RewardPool(references, workers, timeout_s) if references else None
         self.judges: list[JudgePool] = []
-        self.served: dict[tuple[str, str], ServedScorer] = {}  # by ServedScorer.key
+        self.served: dict[tuple[str, str], ServedScorer] = {}  # by served_engine_key
         self._terms: list[_Term] = []
         for name, weight, plan in plans:
             self._terms.append(self._term(name, weight, plan, references, placement, timeout_s))
@@ -154,7 +155,7 @@ class EpisodeScorer:
         if isinstance(plan, OnActor):
             if placement is None:
                 raise ValueError(f"the {plan.label} needs a placement to run on")
-            key = ServedScorer.key(plan.spec)
+            key = served_engine_key(plan.spec)
             if key not in self.served:
                 self.served[key] = ServedScorer(plan.spec, placement, timeout_s)
             where = f"reward {name}" if self.combined else "task.reward"

@@ -262,11 +262,6 @@ class ServedScorer:
         )
         self._started = self.actor.pid.remote()  # the engines of several scorers load at once
 
-    @staticmethod
-    def key(spec: ServedReward) -> tuple[str, str]:
-        """What terms must share to share an engine: the engine loads nothing else."""
-        return str(Path(spec.model).resolve()), spec.kind
-
     def add(self, index: int, term: ServedTerm) -> None:
         self.terms[index] = term
 

@@ -30,7 +30,6 @@ from rich.console import Console
 from rich.progress import TaskID
 
 from mtprun.data.tokenizer import build_tokenizer
-from mtprun.models.tiny import build_tiny_model
 from mtprun.runner.placement import Placement
 from mtprun.runner.rollout.engine import routed_experts_problem
 from mtprun.runner.rollout.episodes import EpisodeCollector
@@ -153,6 +152,10 @@ class Driver:
         task, data = self.recipe.task, self.recipe.data
         template = task.template if task is not None else data.template
         log.info("building a tiny %s model in %s", model.tiny.architecture, target)
+        # Here, not at module level: transformers' model classes (and the sklearn that its
+        # generation utilities import) cost a run that starts from a folder ~5 CPU-s.
+        from mtprun.models.tiny import build_tiny_model
+
         build_tiny_model(model.tiny, build_tokenizer(template), target, self.recipe.seed)
 
     def _check_teachers(self) -> None:
