@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from mtprun.runner.usage_reporting import disable_usage_reporting
 from mtprun.units import Units, register_point
 
 
@@ -103,4 +104,5 @@ def main(argv: list[str] | None = None) -> int:
     ):  # `mtprun recipe.yaml` = `mtprun run recipe.yaml`
         argv = ["run", *argv]
     args = build_parser().parse_args(argv)
+    disable_usage_reporting()  # before any command imports MLflow, Ray or vLLM
     return args.func(args)

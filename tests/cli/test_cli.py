@@ -359,3 +359,19 @@ def test_plan_shows_the_rl_loop_and_the_weights_it_moves(tmp_path, capsys, monke
     assert "object store: trainer rank 0 puts the weights in Ray's object store" in out
     assert main(["plan", str(REPO / "recipes" / "sft-zloss.yaml"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rollout_loop"] is None
+
+
+def test_commands_switch_library_usage_reports_off_unless_the_user_set_them(monkeypatch) -> None:
+    """What MLflow, vLLM and Ray read as their reporting switches after any command: off,
+    except where the user had set one (that setting stays)."""
+    for name in ("MLFLOW_DISABLE_TELEMETRY", "RAY_USAGE_STATS_ENABLED", "HF_HUB_DISABLE_TELEMETRY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_NO_USAGE_STATS", "0")  # this user wants vLLM's reports
+    assert main(["validate", str(REPO / "recipes" / "quickstart.yaml")]) == 0
+    from mlflow.environment_variables import MLFLOW_DISABLE_TELEMETRY
+    from ray._common.usage.usage_lib import usage_stats_enabled
+    from vllm import envs
+
+    assert MLFLOW_DISABLE_TELEMETRY.get() is True
+    assert usage_stats_enabled() is False
+    assert envs.VLLM_NO_USAGE_STATS is False

@@ -40,6 +40,7 @@ from mtprun.runner.rollout.routing_capture import (
     take_capture,
 )
 from mtprun.runner.rollout.vllm_compat import gpu_engine_args, reload_in_place
+from mtprun.runner.usage_reporting import disable_usage_reporting
 from mtprun.spec.model import LoRASection
 from mtprun.spec.rollout import RolloutSection
 
@@ -87,8 +88,8 @@ class Sample:
 
 def configure_vllm_env(work_dir: Path) -> None:
     """Environment vLLM reads at import/engine start (docs/stack.md): in-process engine, no
-    torch.compile, offline hub, PyTorch's top-k/top-p sampling. Explicit settings win, except
-    the in-process engine, which this class relies on.
+    torch.compile, offline hub, no usage reports, PyTorch's top-k/top-p sampling. Explicit
+    settings win, except the in-process engine, which this class relies on.
 
     vLLM's cache stays where vLLM keeps it (`VLLM_CACHE_ROOT`, ~/.cache/vllm by default),
     shared by runs: it holds what vLLM learns of a model class by importing it in a
@@ -101,6 +102,7 @@ def configure_vllm_env(work_dir: Path) -> None:
         # torch reads the variable once, at import: apply it when torch came first.
         torch._dynamo.config.disable = True
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    disable_usage_reporting()  # an engine on a cluster's node has not the driver's environment
     # vLLM's CUDA warm-up samples through FlashInfer, whose sampling kernels are compiled
     # (nvcc) at their first use on a machine: an engine start on a fresh GPU machine waited
     # minutes for it (issue 34's run 77). Rollouts sample at plain temperature, where the
