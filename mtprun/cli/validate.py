@@ -11,7 +11,7 @@ from rich.table import Table
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics, split_overrides
 from mtprun.preflight import check_recipe
 from mtprun.spec import RecipeCheck
-from mtprun.spec.actors import ActorDemand, served_engines
+from mtprun.spec.actors import ActorDemand
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -52,8 +52,8 @@ def _summary(checks: dict[str, RecipeCheck]) -> Table:
             table.add_row(file, status, "", "", "")
             continue
         stage = ("SFT -> RL" if recipe.warmstart else "RL") if recipe.is_rl else "SFT"
-        if served := len(served_engines(recipe)):  # actors beside the engines: the run's CPUs
-            demand = ActorDemand.of(recipe)
+        demand = ActorDemand.of(recipe)
+        if served := demand.reward_models:  # actors beside the engines: the run's CPUs
             stage += (
                 f", {served} served reward model{'s' if served > 1 else ''} "
                 f"({demand.need('CPU'):g} CPUs, {demand.need('GPU'):g} GPUs for all actors)"
