@@ -1,7 +1,8 @@
 """`trainer.optimizer_state: bfloat16` in the trainer's bf16 path (megatron-core's DDP and
 distributed optimizer, whose inner AdamW keeps bfloat16 moments): it trains like float32
-moments, holds half their bytes, and a checkpoint resumes it exactly. CUDA only: megatron-core's
-optimizer needs it (the step itself is checked on CPU by test_adamw_kernel.py, interpreted)."""
+moments, holds half their bytes, and a checkpoint resumes either exactly (each rank's own
+slice). CUDA only: megatron-core's optimizer needs it (the step itself is checked on CPU by
+test_adamw_kernel.py, interpreted)."""
 
 from __future__ import annotations
 
@@ -69,16 +70,17 @@ def test_bf16_moments_train_like_float32_ones_in_half_the_bytes(megatron_tp1, ti
     assert bf16[-1]["loss"] < bf16[0]["loss"]
 
 
-def test_a_checkpoint_resumes_bf16_moments_exactly(megatron_tp1, tiny_qwen3_dir):
-    trainer = _trainer(tiny_qwen3_dir, "bfloat16")
+@pytest.mark.parametrize("moments", ["float32", "bfloat16"])
+def test_a_checkpoint_resumes_the_optimizer_exactly(megatron_tp1, tiny_qwen3_dir, moments):
+    trainer = _trainer(tiny_qwen3_dir, moments)
     batches = _batches(trainer.shape.vocab)
     trainer.train_step(batches)
     state = copy.deepcopy(trainer.state_dict())
     continued = trainer.train_step(batches)
 
-    resumed = _trainer(tiny_qwen3_dir, "bfloat16")
+    resumed = _trainer(tiny_qwen3_dir, moments)
     resumed.load_state_dict(state)
-    assert {t.dtype for t in _moments(resumed)} == {torch.bfloat16}
+    assert {t.dtype for t in _moments(resumed)} == {getattr(torch, moments)}
     again = resumed.train_step(batches)
     assert again.keys() == continued.keys()
     for name, value in continued.items():  # the same kernels on the same inputs

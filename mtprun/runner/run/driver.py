@@ -403,12 +403,13 @@ class Driver:
             return
         trainer = self.trainer
         start = time.perf_counter()
+        parts: dict[str, float] = {}
 
         def write() -> Path:
             return checkpoint.write(
                 self.run_dir.checkpoints,
                 self.step,
-                lambda folder: trainer.save(str(folder)),
+                lambda folder: parts.update(trainer.save(str(folder))),
                 {"step": self.step},
             )
 
@@ -420,7 +421,8 @@ class Driver:
             (final,) = written
         self.saved_step = self.step
         self.tracker.set_tags({"mtprun.checkpoint": str(final)})
-        log.info("checkpoint: %s (%.0f s)", final, time.perf_counter() - start)
+        split = ", ".join(f"{name} {s:.0f} s" for name, s in parts.items())
+        log.info("checkpoint: %s (%.0f s: %s)", final, time.perf_counter() - start, split)
         keep = self.recipe.trainer.keep_checkpoints
         if keep is not None:
             # Stage ends stay: the next stage and `mtprun export --step` start from them.

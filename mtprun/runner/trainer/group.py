@@ -169,8 +169,9 @@ class TrainerGroup:
         the same time); returns the bytes each member got."""
         return self._all("send_weights")[0]
 
-    def save(self, folder: str) -> None:
-        self._all("save", folder)
+    def save(self, folder: str) -> dict[str, float]:
+        """Every rank writes its part into `folder`; returns rank 0's seconds per part."""
+        return self._all("save", folder)[0]
 
     def load(self, folder: str) -> int:
         return self._all("load", folder)[0]

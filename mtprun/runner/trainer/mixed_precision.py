@@ -129,33 +129,68 @@ class MegatronMixedPrecision:
         return list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
 
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer's settings, and its master weights and Adam state gathered from the
-        data-parallel ranks on the first of them (None on the others). Every data-parallel
-        rank must call it (it gathers)."""
+        """The optimizer's settings, and this rank's own slice of the float32 master weights
+        and Adam state (`_local_state`), referenced, not copied: no rank gathers another's, so
+        a checkpoint is resumed with the parallel layout it was written with."""
         return {
             "optimizer": self.optimizer.state_dict(),
-            "param_state": [shard.get_parameter_state_dp_zero() for shard in self._shards()],
+            "local_state": [_local_state(shard) for shard in self._shards()],
             "steps": self.steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of state_dict: the first data-parallel rank's state is scattered to all
-        (every data-parallel rank must call it)."""
-        self.optimizer.load_state_dict(state["optimizer"])
-        for shard, param_state in zip(self._shards(), state["param_state"], strict=True):
-            # Without Apex/TE, megatron-core's load adds torch Adam's per-parameter `step`
-            # (a CPU scalar) to the state, then copies every state key from the gathered
-            # shards, which hold no `step`: set it aside, and back on the parameter's device
-            # (where the fused kernel reads it).
-            inner = shard.optimizer.state
-            steps = {p: inner[p].pop("step") for p in list(inner) if "step" in inner[p]}
-            shard.load_parameter_state_from_dp_zero(param_state)
-            # AdamWBF16Moments counts on the host (no device read a parameter per step).
+        """Inverse of state_dict, on a rank of the same layout."""
+        if "local_state" not in state:
+            raise ValueError(
+                "this checkpoint holds the optimizer state gathered on the first data-parallel "
+                "rank, a format this mtprun no longer reads; resume it with the mtprun that "
+                "wrote it, or start over"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])  # allocates the inner state
+        for shard, saved in zip(self._shards(), state["local_state"], strict=True):
+            _load_local_state(shard, saved)
+            # megatron-core's load gives every parameter one shared host `step`: one each,
+            # on the parameter's device (the fused kernel reads it there) or, for
+            # AdamWBF16Moments, on the host (no device read a parameter per step).
             host = isinstance(shard.optimizer, AdamWBF16Moments)
-            for param, step in steps.items():
-                device = "cpu" if host else param.device
-                inner[param]["step"] = step.to(device=device, dtype=torch.float32, copy=True)
+            per_param = shard.optimizer.state if shard.optimizer is not None else {}
+            for param, inner in per_param.items():
+                if "step" in inner:
+                    device = "cpu" if host else param.device
+                    inner["step"] = inner["step"].to(device, torch.float32, copy=True)
         self.steps = int(state["steps"])
+
+
+def _master_params(shard: Any) -> list[torch.Tensor]:
+    """The float32 master slices a distributed optimizer `shard` steps, in its order."""
+    inner = shard.optimizer
+    return [] if inner is None else [p for g in inner.param_groups for p in g["params"]]
+
+
+def _local_state(shard: Any) -> list[dict[str, torch.Tensor]]:
+    """Per master slice of this rank: the weights ("param") and the Adam moments."""
+    state = shard.optimizer.state if shard.optimizer is not None else {}
+    return [
+        {"param": p, **{k: v for k, v in state[p].items() if k != "step"}}
+        for p in _master_params(shard)
+    ]
+
+
+@torch.no_grad()
+def _load_local_state(shard: Any, saved: list[dict[str, torch.Tensor]]) -> None:
+    """Copy `saved` (_local_state of a rank of the same layout) into `shard`'s tensors."""
+    params = _master_params(shard)
+    shapes = [p.numel() for p in params]
+    if [s["param"].numel() for s in saved] != shapes:
+        raise ValueError(
+            "the checkpoint's optimizer slices do not match this rank's (another parallel "
+            "layout or model): resume with the parallel settings the run was written with"
+        )
+    for param, tensors in zip(params, saved, strict=True):
+        param.copy_(tensors["param"])
+        for key, value in shard.optimizer.state[param].items():
+            if key != "step":
+                value.copy_(tensors[key])
 
 
 def _fuse_adam(optimizer: torch.optim.Optimizer) -> None:

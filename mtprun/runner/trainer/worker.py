@@ -143,11 +143,15 @@ class TrainerWorker:
         weights = self._sync_payload()
         return self.transfer.group.send(weights) if self.rank == 0 else None
 
-    def save(self, folder: str) -> None:
+    def save(self, folder: str) -> dict[str, float]:
         """Write this rank's trainer state and (rank 0) the policy as an HF folder, and with
-        LoRA its adapters as a PEFT adapter folder on the stage's starting model."""
+        LoRA its adapters as a PEFT adapter folder on the stage's starting model; returns the
+        seconds each part took on this rank."""
         target = Path(folder)
+        start = time.perf_counter()
         torch.save(self.trainer.state_dict(), target / f"trainer_rank{self.rank}.pt")
+        seconds = {"trainer state": time.perf_counter() - start}
+        start = time.perf_counter()
         weights = self.trainer.hf_state_dict()
         if self.rank == 0:
             save_hf_folder(weights, self.model_dir, target / HF_FOLDER)
@@ -157,6 +161,8 @@ class TrainerWorker:
             if self.rank == 0:
                 base = str(self.model_dir.resolve())
                 save_peft_adapter(adapters, lora, base, target / ADAPTER_FOLDER)
+        seconds["HF folder"] = time.perf_counter() - start
+        return seconds
 
     def load(self, folder: str) -> int:
         state = torch.load(
