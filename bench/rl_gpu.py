@@ -23,11 +23,19 @@ the run's GPUs), with `time/engine_generate_s` (inside vLLM's generate) beside t
 generation and the engines' start-up facts from their Ray worker logs (KV cache size,
 concurrency, captured graphs).
 
+generate: the loop's generation alone, the "parts measured alone" a synchronous step is held
+against: mtprun's `RolloutEngine` in this process (the loop's engine arguments, colocated ones
+for --placement colocate), the same number of `arithmetic` prompts rendered by the same
+template, --group samples of --max-tokens each; the median of --repeat generate calls after one
+warm-up.
+
     python bench/rl_gpu.py transfer --shape qwen3-8b --placement colocate
     python bench/rl_gpu.py transfer --shape qwen3-8b --placement split      # two GPUs
     python bench/rl_gpu.py loop --shape qwen3-1.7b --placement colocate --steps 4
     python bench/rl_gpu.py loop --shape qwen3-1.7b --placement split --staleness 1
     python bench/rl_gpu.py loop --shape tiny --cpu-dry-run                  # CPU, minutes
+    python bench/rl_gpu.py loop --shape qwen3-8b --placement colocate --lora-rank 64
+    python bench/rl_gpu.py generate --shape qwen3-1.7b --placement colocate
 """
 
 from __future__ import annotations
@@ -291,10 +299,14 @@ def loop_recipe(args: argparse.Namespace, folder: Path | None) -> dict[str, Any]
     colocate = args.placement == "colocate"
     gpus = 1 if colocate else 2
     model: dict[str, Any] = {"path": str(folder)} if folder else {"tiny": shape.tiny(4096)}
+    if args.lora_rank:
+        model["lora"] = {"rank": args.lora_rank}
     return {
-        "name": f"rl-gpu-{args.shape}-{args.placement}-k{args.staleness}",
+        "name": f"rl-gpu-{args.shape}-{args.placement}-k{args.staleness}-r{args.lora_rank}",
         "run_dir": str(
-            Path(args.work) / "runs" / f"{args.shape}-{args.placement}-{args.staleness}"
+            Path(args.work)
+            / "runs"
+            / f"{args.shape}-{args.placement}-{args.staleness}-r{args.lora_rank}"
         ),
         "seed": 0,
         "model": {**model, "dtype": "bfloat16" if gpu else "float32"},
@@ -352,6 +364,68 @@ def run_loop(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_generate(args: argparse.Namespace) -> dict[str, Any]:
+    from mtprun.runner.rollout.engine import RolloutEngine
+    from mtprun.spec import Recipe
+
+    work = Path(args.work)
+    if args.cpu_dry_run:
+        from mtprun.data.tokenizer import build_tokenizer
+        from mtprun.models.tiny import build_tiny_model
+
+        recipe = Recipe.model_validate(loop_recipe(args, None))
+        tokenizer = build_tokenizer(recipe.task.template)
+        folder = build_tiny_model(recipe.model.tiny, tokenizer, work / "models" / "tiny", 0)
+    else:
+        folder = model_folder(SHAPES[args.shape], work / "models", 4096, weights=True)
+    recipe = Recipe.model_validate(loop_recipe(args, folder))
+    prompts = _loop_prompts(recipe, folder)
+    start = time.perf_counter()
+    engine = RolloutEngine(
+        folder,
+        recipe.rollout,
+        recipe.seed,
+        work / "generate",
+        colocate=args.placement == "colocate",
+        dtype=recipe.model.dtype,
+    )
+    started = time.perf_counter() - start
+    seconds, tokens = [], 0
+    for _ in range(args.repeat + 1):  # the first captures graphs and warms caches
+        start = time.perf_counter()
+        groups = engine.generate(prompts, n=args.group)
+        seconds.append(time.perf_counter() - start)
+        pairs = zip(prompts, groups, strict=True)
+        tokens = sum(len(p) + len(s.token_ids) for p, group in pairs for s in group)
+    generate_s = statistics.median(seconds[1:])
+    result = {
+        "mode": "generate",
+        "shape": args.shape,
+        "placement": args.placement,
+        "requests": len(prompts) * args.group,
+        "engine_start_s": started,
+        "generate_s": generate_s,
+        "all_generate_s": seconds,
+        "tokens_per_s": tokens / generate_s,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def _loop_prompts(recipe: Any, folder: Path) -> list[list[int]]:
+    """The first step's prompts, rendered as the loop renders them."""
+    from mtprun.data.render import folder_renderer
+    from mtprun.data.tasks import get_task
+
+    renderer = folder_renderer(folder, recipe.task.renderer)
+    task = get_task(recipe.task.name)
+    prompts = task.step_prompts(recipe.task.prompts_per_step, recipe.seed, 1)
+    return [
+        renderer.render(p.messages, add_generation_prompt=True).token_ids.tolist() for p in prompts
+    ]
+
+
 # vLLM's start-up facts that explain a slow generation: its KV cache (a cache smaller than the
 # step's sequences runs them in waves), the concurrency it allows, the graphs it captured.
 _ENGINE_FACTS = ("KV cache", "concurrency", "Graph capturing", "init engine", "CUDA graph")
@@ -402,6 +476,7 @@ def summarize(metrics: dict[str, dict[int, float]], args: argparse.Namespace, wa
         "shape": args.shape,
         "placement": args.placement,
         "staleness": args.staleness,
+        "lora_rank": args.lora_rank,
         "steps": len(steps),
         "run_wall_s": wall,
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -412,7 +487,7 @@ def summarize(metrics: dict[str, dict[int, float]], args: argparse.Namespace, wa
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("transfer", "loop"))
+    parser.add_argument("mode", choices=("transfer", "loop", "generate"))
     parser.add_argument("--shape", choices=tuple(SHAPES), default="qwen3-1.7b")
     parser.add_argument("--placement", choices=("colocate", "split"), default="colocate")
     parser.add_argument("--work", default="/tmp/rl_gpu")
@@ -424,6 +499,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--staleness", type=int, default=0)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--lora-rank", type=int, default=0, help="loop: train LoRA adapters")
     parser.add_argument("--cpu-dry-run", action="store_true", help="loop: a tiny model on CPU")
     parser.add_argument("--json", help="append the result as a JSON line to this file")
     return parser.parse_args()
@@ -434,7 +510,8 @@ def main() -> None:
     if args.cpu_dry_run:
         args.shape, args.max_tokens, args.prompts, args.group = "tiny", 8, 4, 2
         args.micro_batch_tokens = 512
-    result = run_transfer(args) if args.mode == "transfer" else run_loop(args)
+    run = {"transfer": run_transfer, "loop": run_loop, "generate": run_generate}[args.mode]
+    result = run(args)
     if args.json:
         with open(args.json, "a") as out:
             out.write(json.dumps(result) + "\n")
