@@ -39,7 +39,7 @@ from mtprun.runner.rollout.routing_capture import (
     routed_experts_problem,
     take_capture,
 )
-from mtprun.runner.rollout.vllm_compat import gpu_engine_args, reload_in_place
+from mtprun.runner.rollout.vllm_compat import draft_model, gpu_engine_args, reload_in_place
 from mtprun.runner.usage_reporting import disable_usage_reporting
 from mtprun.spec.model import LoRASection
 from mtprun.spec.rollout import RolloutSection
@@ -154,7 +154,7 @@ def family_engine_args(model_dir: Path, speculative: bool) -> dict[str, Any]:
 def _reload_drafter(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
     """Runs inside the vLLM worker: reload the speculative drafter's weights in place."""
     runner = worker.model_runner
-    reload_in_place(runner, runner.drafter.model, weights)
+    reload_in_place(runner, draft_model(runner), weights)
 
 
 def _prepack_cpu_experts(worker: Any) -> int:
@@ -174,9 +174,8 @@ def _prepack_cpu_experts(worker: Any) -> int:
         return 0
     runner = worker.model_runner
     models = [runner.model]
-    drafter = getattr(runner, "drafter", None)
-    if drafter is not None and getattr(drafter, "model", None) is not None:
-        models.append(drafter.model)
+    if (drafter := draft_model(runner)) is not None:
+        models.append(drafter)
     repacked = 0
     for model in models:
         for layer in model.modules():

@@ -9,6 +9,9 @@ calls is the same API on both; this module is the one place that knows otherwise
   "FULL_DECODE_ONLY"}`) and sleep mode (`enable_sleep_mode`, `LLM.sleep(level)`,
   `LLM.wake_up(tags)`, for colocated placement) exist on 0.26's CUDA build; the CPU build
   runs eagerly and has no sleep mode.
+- The speculative drafter's model: `runner.drafter.model` in the V1 model runner (0.32, and
+  0.26 where V2 does not apply), `runner.speculator.model` in 0.26's Model Runner V2, which it
+  picks by default for MTP drafting on GPUs (`draft_model`).
 - LoRA tensor names through a model's `hf_to_vllm_mapper`: its renames alone, without the
   stacking (`q_proj` stays `q_proj`): `get_rename_mapper()` on 0.32,
   `get_unstacked_mapper()` on 0.26 (`lora_name_mapper`).
@@ -26,6 +29,12 @@ GIB = 1 << 30
 # both processes make outside their pools (CUDA contexts, NCCL, cuBLAS workspaces).
 COLOCATE_HEADROOM_BYTES = 2 * GIB
 SPLIT_GPU_MEMORY_UTILIZATION = 0.85
+
+
+def draft_model(runner: Any) -> torch.nn.Module | None:
+    """The speculative drafter's model inside a vLLM model runner, or None without one."""
+    drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    return getattr(drafter, "model", None)
 
 
 def reload_in_place(runner: Any, model: torch.nn.Module, weights: Iterable[Any]) -> None:
