@@ -34,7 +34,8 @@ warm-up.
     python bench/rl_gpu.py loop --shape qwen3-1.7b --placement colocate --steps 4
     python bench/rl_gpu.py loop --shape qwen3-1.7b --placement split --staleness 1
     python bench/rl_gpu.py loop --shape tiny --cpu-dry-run                  # CPU, minutes
-    python bench/rl_gpu.py loop --shape qwen3-8b --placement colocate --lora-rank 64
+    python bench/rl_gpu.py loop --shape qwen3-8b --placement colocate --lora-rank 64 \
+        --recompute full --micro-batch-tokens 8192
     python bench/rl_gpu.py generate --shape qwen3-1.7b --placement colocate
 """
 
@@ -119,6 +120,10 @@ def model_folder(shape: Shape, root: Path, max_seq_len: int, weights: bool) -> P
                 _config_only(tiny, tokenizer, folder)
     finally:
         torch.set_default_dtype(saved)
+        if torch.cuda.is_available():
+            # The loop's run starts after this in the same process: the weights drawn here
+            # must not stay in this process's cache (31 GiB of an 8B shape's GPU held).
+            torch.cuda.empty_cache()
     return folder
 
 
@@ -327,6 +332,7 @@ def loop_recipe(args: argparse.Namespace, folder: Path | None) -> dict[str, Any]
             "lr": 1e-6,
             "steps": args.steps,
             "micro_batch_tokens": args.micro_batch_tokens,
+            "recompute": args.recompute,
             "checkpoint_every": 1000,  # none inside the measured steps
         },
         "resources": {
@@ -500,6 +506,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--staleness", type=int, default=0)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--lora-rank", type=int, default=0, help="loop: train LoRA adapters")
+    parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     parser.add_argument("--cpu-dry-run", action="store_true", help="loop: a tiny model on CPU")
     parser.add_argument("--json", help="append the result as a JSON line to this file")
     return parser.parse_args()
