@@ -149,7 +149,7 @@ class TrainerWorker:
         seconds each part took on this rank."""
         target = Path(folder)
         start = time.perf_counter()
-        torch.save(self.trainer.state_dict(), target / f"trainer_rank{self.rank}.pt")
+        save_without_checksums(self.trainer.state_dict(), target / f"trainer_rank{self.rank}.pt")
         seconds = {"trainer state": time.perf_counter() - start}
         start = time.perf_counter()
         weights = self.trainer.hf_state_dict()
@@ -176,3 +176,13 @@ class TrainerWorker:
 
         self.transfer = None
         destroy_parallel()
+
+
+def save_without_checksums(state: Any, path: Path) -> None:
+    """torch.save without the CRC-32 of each zip entry, which costs more than the write
+    itself (3 GiB to /tmp: 5.5 -> 1.5 CPU-s). A checkpoint is published by one rename once
+    complete, and its HF folder (safetensors) carries no checksum either."""
+    from torch.utils.serialization import config
+
+    with config.patch({"save.compute_crc32": False}):
+        torch.save(state, path)
