@@ -120,56 +120,88 @@ TP_PLANS = {
 }
 
 
-def _tp_rank(rank: int, init_file: str, terms: list, batch: dict, results) -> None:
-    """One rank of a 2-way vocab-parallel run (spawned; gloo on CPU)."""
+TP_BATCH = {"seed": 21, "active": 0.7, "n": 24, "h": 16, "v": 256}
+
+
+def _tp_rank(rank: int, init_file: str, batch: dict, results) -> None:
+    """One rank of a 2-way vocab-parallel run of every TP_PLANS plan in turn (spawned; gloo on
+    CPU): one pair of processes for all of them, as each spawn imports torch and triton."""
+    import traceback
+
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    from .interpreter_patching import install
+
+    install()
     try:
-        plan = HeadPlan.from_losses(terms, tp_size=2)
-        shard = batch["weight"].shape[0] // 2
-        batch = dict(
-            batch,
-            hidden=batch["hidden"].requires_grad_(),
-            weight=batch["weight"][rank * shard : (rank + 1) * shard].requires_grad_(),
-            mtp_hidden=[h.requires_grad_() for h in batch["mtp_hidden"]],
-        )
-        out, grads = run(triton_head_loss, plan, batch, tp_group=dist.group.WORLD)
-        metrics = {k: float(v) for k, v in out.metrics.items()}
-        # numpy arrays travel by value (tensors would be shared memory of an exited process)
-        arrays = [t.numpy() for t in (out.logprobs, *grads)]
-        results.put((rank, float(out.loss.detach()), metrics, arrays))
-    finally:
-        dist.destroy_process_group()
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+        try:
+            shard = batch["weight"].shape[0] // 2
+            batch = dict(
+                batch,
+                hidden=batch["hidden"].requires_grad_(),
+                weight=batch["weight"][rank * shard : (rank + 1) * shard].requires_grad_(),
+                mtp_hidden=[h.requires_grad_() for h in batch["mtp_hidden"]],
+            )
+            for name in sorted(TP_PLANS):
+                plan = HeadPlan.from_losses(TP_PLANS[name], tp_size=2)
+                out, grads = run(triton_head_loss, plan, batch, tp_group=dist.group.WORLD)
+                metrics = {k: float(v) for k, v in out.metrics.items()}
+                # numpy arrays travel by value (tensors would be shared memory of an exited
+                # process)
+                arrays = [t.numpy() for t in (out.logprobs, *grads)]
+                results.put((name, rank, float(out.loss.detach()), metrics, arrays))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        results.put(("error", rank, traceback.format_exc()))
+        raise
 
 
-@pytest.mark.parametrize("name", sorted(TP_PLANS))
-def test_vocab_parallel_matches_one_process(tmp_path, name: str) -> None:
+@pytest.fixture(scope="module")
+def vocab_parallel_ranks(tmp_path_factory) -> dict:
+    """Each TP_PLANS plan's outputs of the two ranks, {name: [(rank, loss, metrics, arrays)]}
+    sorted by rank."""
     import torch.multiprocessing as mp
 
-    terms = TP_PLANS[name]
-    batch = make_batch(21, 0.7, n=24, h=16, v=256)
-    single, single_grads = run(triton_head_loss, HeadPlan.from_losses(terms), batch)
+    batch = make_batch(**TP_BATCH)
     shared = {
         k: [t.detach() for t in v] if isinstance(v, list) else v.detach() for k, v in batch.items()
     }
+    init = str(tmp_path_factory.mktemp("vocab_parallel") / "init")
     context = mp.get_context("spawn")
     results = context.Queue()
-    ranks = [
-        context.Process(target=_tp_rank, args=(r, str(tmp_path / "init"), terms, shared, results))
-        for r in range(2)
-    ]
+    ranks = [context.Process(target=_tp_rank, args=(r, init, shared, results)) for r in range(2)]
     for process in ranks:
         process.start()
-    outputs = sorted(results.get(timeout=240) for _ in ranks)
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    outputs: dict = {name: [] for name in TP_PLANS}
+    try:
+        for _ in range(2 * len(TP_PLANS)):
+            name, *output = results.get(timeout=240)
+            assert name != "error", f"rank {output[0]} failed:\n{output[1]}"
+            outputs[name].append(tuple(output))
+        for process in ranks:
+            process.join(timeout=60)
+            assert process.exitcode == 0
+    finally:
+        for process in ranks:
+            if process.is_alive():  # its peer failed: it waits in a collective
+                process.kill()
+    return {name: sorted(pair, key=lambda output: output[0]) for name, pair in outputs.items()}
+
+
+@pytest.mark.parametrize("name", sorted(TP_PLANS))
+def test_vocab_parallel_matches_one_process(vocab_parallel_ranks, name: str) -> None:
+    batch = make_batch(**TP_BATCH)
+    single, single_grads = run(triton_head_loss, HeadPlan.from_losses(TP_PLANS[name]), batch)
+    outputs = vocab_parallel_ranks[name]
+    assert [rank for rank, *_ in outputs] == [0, 1]
     for rank, loss, metrics, arrays in outputs:
         logprobs, *grads = (torch.from_numpy(a) for a in arrays)
         assert loss == pytest.approx(float(single.loss.detach()), rel=1e-5)
-        for name, value in metrics.items():
-            assert value == pytest.approx(float(single.metrics[name]), rel=1e-5, abs=1e-6), name
+        for metric, value in metrics.items():
+            expected = float(single.metrics[metric])
+            assert value == pytest.approx(expected, rel=1e-5, abs=1e-6), metric
         torch.testing.assert_close(logprobs, single.logprobs, rtol=1e-5, atol=1e-5)
         hidden_grad, weight_grad, *mtp_grad = grads
         torch.testing.assert_close(hidden_grad, single_grads[0], rtol=1e-4, atol=1e-6)
