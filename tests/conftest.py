@@ -1,13 +1,65 @@
 """Suite-wide collection order: `make test` runs the suite on two pytest-xdist workers that take
-whole test files (`--dist loadfile`) in collection order, so the files holding end-to-end runs
-(a `slow` test, minutes each) go first and the many short files fill the workers' gaps at the
-end instead of leaving one worker alone with a long file."""
+whole test files (`--dist loadfile`), each file handed out in collection order when a worker runs
+low, so the longest files go first and the many short files fill the workers' gaps at the end
+instead of leaving one worker alone with a long file (longest-processing-time-first).
+
+xdist's own default for `--dist loadfile` reorders the files by their number of tests, most
+first (`--loadscope-reorder`): that put the end-to-end files, a few tests of minutes each, last.
+`pytest_configure` turns it off, so the order below is the order the workers get."""
 
 from __future__ import annotations
 
 import pytest
 
+# Seconds each of the longest files took in a full `make test` run on a 2-core machine
+# (setup + call + teardown, --durations=0; 2026-11-27), longest first. Approximate and kept
+# short: only the order matters. Files not named come after them, those with a `slow` test
+# first, each group in collection order.
+LONGEST_FILES_S = {
+    "tests/runner/test_mtp_specdec.py": 340,
+    "tests/runner/test_lora_rollout.py": 260,
+    "tests/runner/test_run_grpo.py": 230,
+    "tests/runner/test_trainer.py": 170,
+    "tests/runner/test_mtp_absent.py": 140,
+    "tests/runner/test_lora_layouts.py": 140,
+    "tests/runner/test_run_trainer_restart.py": 130,
+    "tests/runner/test_reward_models.py": 130,
+    "tests/runner/test_run_reward_models.py": 120,
+    "tests/runner/test_run_agentic.py": 115,
+    "tests/runner/test_run_user_task.py": 105,
+    "tests/runner/test_tracking_outage.py": 95,
+    "tests/runner/test_rollout_pool.py": 90,
+    "tests/runner/test_run_verifiers.py": 85,
+    "tests/data/test_sft.py": 80,
+    "tests/runner/test_weight_transfer.py": 75,
+    "tests/runner/test_glm4_moe.py": 75,
+    "tests/runner/test_run_cluster.py": 75,
+    "tests/runner/test_cli_errors.py": 70,
+    "tests/runner/test_qwen3_5.py": 70,
+    "tests/runner/test_run_search.py": 65,
+    "tests/runner/test_qwen3_moe.py": 65,
+    "tests/runner/test_run_policy_losses.py": 65,
+    "tests/runner/test_lora.py": 60,
+    "tests/runner/test_lora_export.py": 60,
+    "tests/kernels/test_triton_head_loss.py": 55,
+    "tests/runner/test_run_reasoning_gym.py": 55,
+    "tests/runner/test_partial_rollouts.py": 55,
+    "tests/runner/test_family_rollouts.py": 45,
+    "tests/runner/test_rollout.py": 45,
+    "tests/runner/test_adamw_interpreted.py": 40,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False  # hand the files out in collection order
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: file order kept within
+
+    def rank(item: pytest.Item) -> tuple[float, bool]:
+        seconds = LONGEST_FILES_S.get(item.nodeid.split("::", 1)[0])
+        return (-seconds if seconds is not None else 0.0, item.path not in slow_files)
+
+    items.sort(key=rank)  # stable: a file's tests stay together and in their order
