@@ -30,7 +30,10 @@ from .cli_run import (
 
 pytestmark = pytest.mark.slow
 
-STEPS = 60
+# The trainer is killed at its step-5 checkpoint and the run SIGTERMed at the restarted trainer's
+# first one (step 10; it stopped after step 11 on a loaded 2-core machine): 30 steps leave the
+# SIGTERM ~20 steps (0.05-0.3 s each) to land before the run's end, and the resume ~20 to run.
+STEPS = 30
 _TRAINER_READY = r"trainer ready: 1 rank\(s\), pids \[(\d+)\]"
 
 
@@ -38,7 +41,14 @@ def _recipe(run_dir: Path, max_restarts: int) -> dict:
     return {
         "name": "restart",
         "model": {"tiny": E2E_TINY},
-        "data": {"source": "arithmetic", "template": "chatml", "packing_length": 128},
+        # 256 examples: 52 packed rows, more than the steps take; the default 2048 cost each
+        # of the module's three `mtprun` starts ~10 CPU-s more to render and count.
+        "data": {
+            "source": "arithmetic",
+            "template": "chatml",
+            "packing_length": 128,
+            "num_samples": 256,
+        },
         "trainer": {
             "steps": STEPS,
             "lr": 1e-3,
