@@ -42,7 +42,6 @@ LONGEST_FILES_S = {
     "tests/runner/test_lora.py": 60,
     "tests/runner/test_lora_export.py": 60,
     "tests/kernels/test_triton_head_loss.py": 55,
-    "tests/runner/test_run_reasoning_gym.py": 55,
     "tests/runner/test_partial_rollouts.py": 55,
     "tests/runner/test_family_rollouts.py": 45,
     "tests/runner/test_rollout.py": 45,
