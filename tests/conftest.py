@@ -5,9 +5,14 @@ instead of leaving one worker alone with a long file (longest-processing-time-fi
 
 xdist's own default for `--dist loadfile` reorders the files by their number of tests, most
 first (`--loadscope-reorder`): that put the end-to-end files, a few tests of minutes each, last.
-`pytest_configure` turns it off, so the order below is the order the workers get."""
+`pytest_configure` turns it off, so the order below is the order the workers get.
+
+Which files share a worker thus changes with the list; a file leaves torch.compile as it found
+it (`_torch_compile_as_found`), since an in-process vLLM engine turns it off for its process."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -62,3 +67,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (-seconds if seconds is not None else 0.0, item.path not in slow_files)
 
     items.sort(key=rank)  # stable: a file's tests stay together and in their order
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_compile_as_found():
+    """torch.compile back as it was before the module: an in-process rollout engine
+    (`configure_vllm_env`) disables it for the rest of its process, and the next file on the
+    same worker (flex attention's compiled kernels, say) must not inherit that."""
+    import torch
+
+    variable = os.environ.get("TORCH_COMPILE_DISABLE")
+    disabled = torch._dynamo.config.disable
+    yield
+    torch._dynamo.config.disable = disabled
+    if variable is None:
+        os.environ.pop("TORCH_COMPILE_DISABLE", None)
+    else:
+        os.environ["TORCH_COMPILE_DISABLE"] = variable
