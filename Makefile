@@ -32,7 +32,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check mtprun tests bench
