@@ -31,11 +31,18 @@ QWEN3_1_7B = ModelShape(
 )
 
 
-def step(rng: random.Random, args: argparse.Namespace, a: float) -> dict[str, float]:
+def draw_lengths(rng: random.Random, args: argparse.Namespace) -> list[int]:
+    """One step's response lengths: log-normal (median, sigma), capped, until the step holds
+    dp x tokens-per-rank tokens."""
     lengths: list[int] = []
     while sum(lengths) < args.dp * args.tokens_per_rank:
         drawn = rng.lognormvariate(math.log(args.median), args.sigma)
         lengths.append(max(1, min(args.cap, int(drawn))))
+    return lengths
+
+
+def step(rng: random.Random, args: argparse.Namespace, a: float) -> dict[str, float]:
+    lengths = draw_lengths(rng, args)
     costs = [sequence_cost(n, a) for n in lengths]
     tokens = sum(lengths)
     uniform = tokens * (a + tokens / len(lengths)) / args.dp

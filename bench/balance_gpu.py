@@ -2,8 +2,8 @@
 of dp replicas training one GRPO step whose sequence lengths are long-tailed, laid out three
 ways, against a uniform-length step of the same tokens.
 
-Each draw takes log-normal lengths (median --median, sigma --sigma, capped at --cap, as
-bench/balance_cpu.py draws them) until the step holds dp x --tokens-per-rank tokens of random
+Each draw takes log-normal lengths (median --median, sigma --sigma, capped at --cap:
+bench/balance_cpu.py's `draw_lengths`) until the step holds dp x --tokens-per-rank tokens of random
 ids, and lays the step out as
 - uniform: every sequence of the draw's mean length (the same tokens and count), laid out by
   `rebalance` (equal shares: the reference no layout of the draw can beat by much);
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import tempfile
@@ -33,26 +32,19 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from balance_cpu import draw_lengths
 from gpu_smoke_megatron import random_batch, smoke_recipe, spawn_ranks
 from trainer_gpu import WORKLOADS, Shape, _near_policy, model_folder
 
 from mtprun.compiler import compile_recipe
-from mtprun.data.balance import imbalance, linear_length, rebalance, sequence_cost
 from mtprun.data.batch import PackedBatch
 from mtprun.data.packing import bins
-from mtprun.models.shape import ModelShape
+from mtprun.runner.run.steps import balance_step
+from mtprun.spec import Recipe
 
 QWEN3_1_7B = Shape("qwen3-1.7b", 2048, 28, 16, 8, 6144, 151936, "qwen3")
 CPU_TINY = Shape("cpu-tiny-qwen3", 128, 2, 4, 2, 256, 256, "qwen3")
 LAYOUTS = ("uniform", "unbalanced", "balanced")
-
-
-def draw_lengths(rng: random.Random, args: argparse.Namespace) -> list[int]:
-    lengths: list[int] = []
-    while sum(lengths) < args.dp * args.tokens_per_rank:
-        drawn = rng.lognormvariate(math.log(args.median), args.sigma)
-        lengths.append(max(2, min(args.cap, int(drawn))))
-    return lengths
 
 
 def uniform_lengths(lengths: list[int]) -> list[int]:
@@ -72,22 +64,28 @@ def packed_in_order(lengths: list[int], budget: int, vocab: int, seed: int) -> l
 
 
 def layouts(
-    lengths: list[int], args: argparse.Namespace, vocab: int, a: float, seed: int
+    lengths: list[int], args: argparse.Namespace, recipe: Recipe, seed: int
 ) -> dict[str, tuple[list[PackedBatch], list[int], float]]:
-    """Each layout's micro batches, the replica of each, and its cost-model imbalance."""
-    dp, budget = args.dp, args.micro_batch_tokens
-    in_order = packed_in_order(lengths, budget, vocab, seed)
-    replica_of = [i % dp for i in range(len(in_order))]
-    costs = [0.0] * dp
-    for batch, replica in zip(in_order, replica_of, strict=True):
-        sizes = (batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).tolist()
-        costs[replica] += sum(sequence_cost(n, a) for n in sizes)
-    out = {"unbalanced": (in_order, replica_of, imbalance(costs))}
-    for name, drawn in (("uniform", uniform_lengths(lengths)), ("balanced", lengths)):
-        batches = in_order if name == "balanced" else packed_in_order(drawn, budget, vocab, seed)
-        balanced, layout = rebalance(batches, dp, budget, a)
-        out[name] = (balanced, layout.replica_of, imbalance(layout.costs))
-    return {name: out[name] for name in LAYOUTS}
+    """Each layout's micro batches, the replica of each and its cost-model imbalance, as a
+    GRPO step lays them out (`balance_step`) with trainer.balance on or off."""
+    dp, budget, vocab = args.dp, args.micro_batch_tokens, args.shape.vocab
+
+    def balance(on: bool) -> Recipe:
+        return recipe.model_copy(
+            update={"trainer": recipe.trainer.model_copy(update={"balance": on})}
+        )
+
+    out = {}
+    for name, drawn, balanced in (
+        ("uniform", uniform_lengths(lengths), True),
+        ("unbalanced", lengths, False),
+        ("balanced", lengths, True),
+    ):
+        batches = packed_in_order(drawn, budget, vocab, seed)
+        batches, replica_of, metrics = balance_step(batches, balance(balanced), dp)
+        replica_of = replica_of or [i % dp for i in range(len(batches))]  # round-robin
+        out[name] = (batches, replica_of, metrics["train/dp_cost_imbalance"])
+    return out
 
 
 def time_share(trainer, share: list[PackedBatch], args: argparse.Namespace) -> list[float]:
@@ -116,13 +114,12 @@ def _rank_process(rank: int, port: int, out: Path, folder: Path, args: argparse.
         folder, args.dtype, WORKLOADS["grpo"], True, trainer_section, {"dp": args.dp}
     )
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
-    a = linear_length(ModelShape.from_model_dir(folder))
     rng = random.Random(args.seed)
     rows = []
     for draw in range(args.draws):
         lengths = draw_lengths(rng, args)
         for name, (batches, replica_of, cost_imbalance) in layouts(
-            lengths, args, args.shape.vocab, a, seed=draw
+            lengths, args, recipe, seed=draw
         ).items():
             share = [b for b, r in zip(batches, replica_of, strict=True) if r == rank]
             times = time_share(trainer, share, args)
