@@ -5,6 +5,9 @@ what to change (`TrainerOutOfMemory`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from mtprun.compiler import HeadPlan
@@ -20,20 +23,25 @@ class TrainerOutOfMemory(RuntimeError):
     """A trainer rank ran out of GPU memory inside a step; the message says what to change."""
 
 
-def out_of_memory(err: torch.OutOfMemoryError, recipe: Recipe, rank: int, doing: str) -> Exception:
-    """`err` (raised on this process's current CUDA device while `doing`) as a
-    TrainerOutOfMemory naming the GPU's use and the settings that lower the trainer's."""
-    free, total = torch.cuda.mem_get_info()
-    held = torch.cuda.memory_reserved()
-    return TrainerOutOfMemory(
-        out_of_memory_message(str(err), recipe, rank, doing, free=free, total=total, held=held)
-    )
+@contextmanager
+def named_out_of_memory(recipe: Recipe, rank: int, doing: str) -> Iterator[None]:
+    """Turns torch's OutOfMemoryError (on this process's current CUDA device, while `doing`)
+    into a TrainerOutOfMemory naming the GPU's use and the settings that lower the trainer's."""
+    try:
+        yield
+    except torch.OutOfMemoryError as err:
+        free, total = torch.cuda.mem_get_info()
+        held = torch.cuda.memory_reserved()
+        message = out_of_memory_message(
+            str(err), recipe, rank, doing, free=free, total=total, held=held
+        )
+        raise TrainerOutOfMemory(message) from err
 
 
 def out_of_memory_message(
     error: str, recipe: Recipe, rank: int, doing: str, free: int, total: int, held: int
 ) -> str:
-    """The words of `out_of_memory`: `held` bytes reserved by this rank's process, `free` of
+    """The words of `named_out_of_memory`: `held` bytes reserved by this rank's process, `free` of
     the device's `total` after the failed allocation (the rest is other processes')."""
     others = max(total - free - held, 0)
     asked = error.strip().splitlines()[0].rstrip(".") if error.strip() else "out of memory"

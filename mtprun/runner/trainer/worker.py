@@ -19,7 +19,7 @@ from mtprun.runner.policy_folder import (
     save_hf_folder,
     save_peft_adapter,
 )
-from mtprun.runner.trainer.fits import out_of_memory
+from mtprun.runner.trainer.fits import named_out_of_memory
 
 
 class TrainerWorker:
@@ -71,17 +71,13 @@ class TrainerWorker:
             self.reference = Trainer(recipe, self.model_dir, plan, device)
 
     def train_step(self, micro_batches: list[PackedBatch]) -> dict[str, float]:
-        try:
+        with named_out_of_memory(self.trainer.recipe, self.rank, "in a training step"):
             return self.trainer.train_step(micro_batches)
-        except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, self.trainer.recipe, self.rank, "in a training step") from err
 
     def logprobs(self, batches: list[PackedBatch], reference: bool = False) -> list[torch.Tensor]:
         model = self.reference if reference else self.trainer
-        try:
+        with named_out_of_memory(model.recipe, self.rank, "recomputing log-probs"):
             return model.logprobs(batches)
-        except torch.OutOfMemoryError as err:
-            raise out_of_memory(err, model.recipe, self.rank, "recomputing log-probs") from err
 
     def sync_weights(self) -> tuple[dict[str, torch.Tensor] | None, int]:
         """Every rank gathers what a weight sync moves (`_sync_payload`); rank 0 returns it
