@@ -111,9 +111,6 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import json, sys
     import datasets, pyarrow, torch  # imported before the baseline: their memory is not data
-    # One thread: rendering a conversation runs tiny torch ops (repeat_interleave) whose
-    # OpenMP fork/join costs 100x their work at two threads on busy cores (47 of 67 CPU-s).
-    torch.set_num_threads(1)
     from mtprun.data.messages import Message
     from mtprun.data.prompts import ConversationDataset
     from mtprun.data.render import Renderer
