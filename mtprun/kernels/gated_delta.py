@@ -25,15 +25,23 @@ import torch
 from mtprun.kernels.gated_delta_fla import (
     fla_causal_conv1d,
     fla_gated_delta_rule,
+    fla_gated_delta_rule_states,
     require_gdn_kernels,
 )
 from mtprun.kernels.gated_delta_torch import (
     CHUNK,
     causal_conv1d_torch,
+    chunk_gated_delta_rule_states_torch,
     chunk_gated_delta_rule_torch,
 )
 
-__all__ = ["causal_conv1d", "gated_delta_flops", "gated_delta_rule", "require_gdn_kernels"]
+__all__ = [
+    "causal_conv1d",
+    "gated_delta_flops",
+    "gated_delta_rule",
+    "gated_delta_rule_states",
+    "require_gdn_kernels",
+]
 
 CONV_ACTIVATIONS = (None, "silu", "swish")
 
@@ -76,6 +84,44 @@ def gated_delta_rule(
     if q.is_cuda:
         return fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, cu_seqlens, scale)
+
+
+def gated_delta_rule_states(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gated_delta_rule` from given initial states, with the final states.
+
+    Args: as `gated_delta_rule`, and `initial_state` [S, H, Dk, Dv] float32, sequence i's S_0
+    (None: zeros).
+
+    Returns:
+        o: [T, H, Dv] in v's dtype.
+        final_state: [S, H, Dk, Dv] float32 (float64 for float64 inputs on the CPU), each
+            sequence's state after its last token (an empty sequence's S_0).
+
+    Differentiable in every tensor input, the initial states included, and through the final
+    states: fla's `chunk_gated_delta_rule(initial_state=..., output_final_state=True)` on
+    CUDA, the torch chunked algorithm elsewhere.
+    """
+    _check_gated_delta_inputs(q, k, v, g, beta, cu_seqlens)
+    sequences, heads, dk, dv = len(cu_seqlens) - 1, v.shape[1], q.shape[-1], v.shape[-1]
+    if initial_state is not None and initial_state.shape != (sequences, heads, dk, dv):
+        raise ValueError(
+            f"gated_delta_rule: initial_state must be [S={sequences}, H={heads}, Dk={dk}, "
+            f"Dv={dv}], got {tuple(initial_state.shape)}"
+        )
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if q.is_cuda:
+        return fla_gated_delta_rule_states(q, k, v, g, beta, cu_seqlens, scale, initial_state)
+    return chunk_gated_delta_rule_states_torch(q, k, v, g, beta, cu_seqlens, scale, initial_state)
 
 
 def causal_conv1d(

@@ -19,7 +19,10 @@ import warnings
 
 import torch
 
-from mtprun.kernels.gated_delta_torch import chunk_gated_delta_rule_torch
+from mtprun.kernels.gated_delta_torch import (
+    chunk_gated_delta_rule_states_torch,
+    chunk_gated_delta_rule_torch,
+)
 
 FLA_INSTALL_HINT = (
     "pip install fla-core==0.6.0 (flash-linear-attention's Triton kernels, "
@@ -88,6 +91,80 @@ def _fla_forward(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Tensor:
         **_fla_varlen(cu_seqlens, q.device),
     )
     return o.squeeze(0).to(v.dtype)
+
+
+def fla_gated_delta_rule_states(
+    q, k, v, g, beta, cu_seqlens, scale: float, initial_state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunk_gated_delta_rule from `initial_state` ([S, H, Dk, Dv], None: zeros) with
+    the final states ([S, H, Dk, Dv] float32), or its forward with the torch backward where
+    fla's is unsafe (warned once, as `fla_gated_delta_rule`)."""
+    if initial_state is not None:
+        initial_state = initial_state.float()
+    if require_gdn_kernels() == FLA_BACKWARD or not torch.is_grad_enabled():
+        return _fla_forward_states(q, k, v, g, beta, cu_seqlens, scale, initial_state)
+    if not FlaForwardTorchBackward.warned:
+        FlaForwardTorchBackward.warned = True
+        warnings.warn(
+            f"gated delta rule backward: {TORCH_BACKWARD}; upgrade triton to >= 3.7.1 or "
+            "pip install tilelang for fla's faster backward",
+            stacklevel=3,
+        )
+    return FlaStatesForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, initial_state)
+
+
+def _fla_forward_states(
+    q, k, v, g, beta, cu_seqlens, scale: float, initial_state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    o, final = chunk_gated_delta_rule(
+        q.unsqueeze(0),
+        k.unsqueeze(0),
+        v.unsqueeze(0),
+        g.unsqueeze(0),
+        beta.unsqueeze(0),
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        **_fla_varlen(cu_seqlens, q.device),
+    )
+    return o.squeeze(0).to(v.dtype), final.float()
+
+
+class FlaStatesForwardTorchBackward(torch.autograd.Function):
+    """`fla_gated_delta_rule_states` with the gradients from the torch chunked algorithm:
+    q, k [T, Hk, Dk], v [T, H, Dv], g, beta [T, H], cu_seqlens [S+1], initial_state
+    [S, H, Dk, Dv] float32 or None -> o [T, H, Dv], final states [S, H, Dk, Dv] float32.
+    No collectives. Saved for backward: the inputs only; the backward recomputes the layer in
+    float32 and differentiates o and the final states together."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, cu_seqlens, scale: float, initial_state):
+        ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, initial_state)
+        ctx.scale = scale
+        o, final = _fla_forward_states(q, k, v, g, beta, cu_seqlens, scale, initial_state)
+        return o, final
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_final):
+        q, k, v, g, beta, cu_seqlens, initial_state = ctx.saved_tensors
+        inputs = (q, k, v, g, beta, initial_state)
+        wanted = (*ctx.needs_input_grad[:5], ctx.needs_input_grad[7])
+        wanted = tuple(w and x is not None for x, w in zip(inputs, wanted, strict=True))
+        with torch.enable_grad():
+            leaves = [
+                None if x is None else x.detach().requires_grad_(w)
+                for x, w in zip(inputs, wanted, strict=True)
+            ]
+            *tensors, h0 = leaves
+            o, final = chunk_gated_delta_rule_states_torch(
+                *tensors, cu_seqlens.cpu(), ctx.scale, h0
+            )
+            needed = [x for x, w in zip(leaves, wanted, strict=True) if w]
+            grads = iter(torch.autograd.grad((o, final), needed, (grad_o, grad_final)))
+        *first, last = (next(grads) if w else None for w in wanted)
+        return (*first, None, None, last)
 
 
 class FlaForwardTorchBackward(torch.autograd.Function):

@@ -22,6 +22,22 @@ def chunk_gated_delta_rule_torch(
     scale: float,
     chunk: int = CHUNK,
 ) -> torch.Tensor:
+    """o [T, H, Dv] of `chunk_gated_delta_rule_states_torch` from zero initial states."""
+    o, _ = chunk_gated_delta_rule_states_torch(q, k, v, g, beta, cu_seqlens, scale, None, chunk)
+    return o
+
+
+def chunk_gated_delta_rule_states_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None = None,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunked (WY / UT-transform) gated delta rule in torch, all sequences at once.
 
     Each sequence is cut into chunks of C = `chunk` tokens (its last chunk zero-padded; padding
@@ -39,8 +55,13 @@ def chunk_gated_delta_rule_torch(
     sequences that still have a chunk at that step (sequences sorted longest first, so those
     are a prefix). q and k may hold fewer heads than v (grouped value heads: value head h reads
     key head h // (H / Hk)); they are repeated to v's heads first. Computes in float32 (float64
-    if v is), returns v's dtype. Autograd saves the per-chunk tensors of the loop, [S, H, Dk,
-    Dv] states once per chunk step plus the [chunks, H, C, C] intra-chunk matrices.
+    if v is). Autograd saves the per-chunk tensors of the loop, [S, H, Dk, Dv] states once per
+    chunk step plus the [chunks, H, C, C] intra-chunk matrices.
+
+    `initial_state` [S, H, Dk, Dv] (None: zeros) is each sequence's S_0. Returns o [T, H, Dv]
+    in v's dtype and the final states [S, H, Dk, Dv] in the compute dtype (an empty sequence's
+    is its initial state), both differentiable, as fla's `chunk_gated_delta_rule` with
+    `initial_state` and `output_final_state=True`.
     """
     groups = v.shape[1] // q.shape[1]
     if groups > 1:
@@ -49,8 +70,12 @@ def chunk_gated_delta_rule_torch(
     total, heads, dk = k.shape
     dv = v.shape[-1]
     layout = _ChunkLayout.build(cu_seqlens.tolist(), chunk, q.device)
+    sequences = len(cu_seqlens) - 1
+    if initial_state is None:
+        initial_state = q.new_zeros(sequences, heads, dk, dv, dtype=compute)
+    initial_state = initial_state.to(compute)
     if layout.n_chunks == 0:
-        return v.new_zeros(total, heads, dv)
+        return v.new_zeros(total, heads, dv), initial_state
 
     q_c, k_c, v_c = (layout.to_chunks(x.to(compute)) for x in (q, k, v))  # [N, H, C, D]
     g_c, beta_c = (layout.to_chunks(x.to(compute).unsqueeze(-1)).squeeze(-1) for x in (g, beta))
@@ -76,16 +101,21 @@ def chunk_gated_delta_rule_torch(
         x.flatten(0, 1).split([n * heads for n in layout.active])
         for x in (reads, u, intra, chunk_decay, k_decayed)
     )
-    state = q_c.new_zeros(layout.active[0] * heads, dk, dv)
-    outputs = []
+    order = torch.tensor(layout.order, device=q.device)
+    state = initial_state.index_select(0, order).flatten(0, 1)  # sorted sequences x heads
+    outputs, finished = [], []  # finished: states of the sequences each step leaves behind
     for reads_j, u_j, intra_j, decay_j, k_j in zip(*per_step, strict=True):
+        finished.append(state[u_j.shape[0] :])
         state = state[: u_j.shape[0]]
         read = torch.bmm(reads_j, state)  # [W S; exp(G) Q S]
         v_new = u_j - read[:, :chunk]
         outputs.append(torch.baddbmm(read[:, chunk:], intra_j, v_new))
         state = torch.baddbmm(state * decay_j, k_j, v_new)
     o_chunks = torch.cat(outputs).unflatten(0, (layout.n_chunks, heads))
-    return layout.from_chunks(o_chunks).to(v.dtype)
+    # Shorter sequences finish at earlier steps: the last step's rows come first in sorted order.
+    final = torch.cat([state, *reversed(finished)]).unflatten(0, (len(layout.order), heads))
+    final = initial_state.index_copy(0, order, final)  # empty sequences keep their S_0
+    return layout.from_chunks(o_chunks).to(v.dtype), final
 
 
 def unit_lower_inverse(matrix: torch.Tensor) -> torch.Tensor:
@@ -125,27 +155,28 @@ class _ChunkLayout:
     rows, `active[j]` of them, after those of the earlier steps. Padding slots stay zero.
     """
 
-    def __init__(self, chunk: int, slot: torch.Tensor, active: list[int]):
+    def __init__(self, chunk: int, slot: torch.Tensor, active: list[int], order: list[int]):
         self.chunk = chunk
         self.slot = slot  # [T]: packed token -> row * C + position in chunk
         self.active = active
         self.n_chunks = sum(active)
+        self.order = order  # the non-empty sequences' indices, longest first
 
     @classmethod
     def build(cls, bounds: list[int], chunk: int, device: torch.device) -> _ChunkLayout:
-        spans = [(a, b - a) for a, b in itertools.pairwise(bounds) if b > a]
+        spans = [(a, b - a, i) for i, (a, b) in enumerate(itertools.pairwise(bounds)) if b > a]
         spans.sort(key=lambda span: -span[1])
         steps = -(-spans[0][1] // chunk) if spans else 0
-        active = [sum(n > j * chunk for _, n in spans) for j in range(steps)]
+        active = [sum(n > j * chunk for _, n, _ in spans) for j in range(steps)]
         first_row = [0]
         for count in active:
             first_row.append(first_row[-1] + count)
         slot = torch.empty(bounds[-1], dtype=torch.long)
-        for rank, (start, length) in enumerate(spans):
+        for rank, (start, length, _) in enumerate(spans):
             position = torch.arange(length)
             row = torch.tensor(first_row[:-1])[position // chunk] + rank
             slot[start : start + length] = row * chunk + position % chunk
-        return cls(chunk, slot.to(device), active)
+        return cls(chunk, slot.to(device), active, [i for _, _, i in spans])
 
     def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
         """[T, H, D] -> [N, H, C, D], zero in padding slots."""

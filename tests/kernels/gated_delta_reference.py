@@ -13,20 +13,26 @@ def reference_gated_delta(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.T
     """The recurrence, token by token in float64, the state reset at each sequence start:
     S_t = a_t S_{t-1} + beta_t k_t (v_t - a_t S_{t-1}^T k_t)^T, o_t = scale S_t^T q_t, a = exp(g).
     Differentiable. q, k: [T, H, Dk]; v: [T, H, Dv]; g, beta: [T, H] -> [T, H, Dv] float64."""
+    return reference_gated_delta_states(q, k, v, g, beta, cu_seqlens, scale)[0]
+
+
+def reference_gated_delta_states(q, k, v, g, beta, cu_seqlens, scale: float, initial_state=None):
+    """`reference_gated_delta` from `initial_state` [S, H, Dk, Dv] (None: zeros): (o [T, H,
+    Dv], final states [S, H, Dk, Dv]), float64, differentiable."""
     q, k, v, g, beta = (x.double() for x in (q, k, v, g, beta))
     heads, dk, dv = q.shape[1], q.shape[2], v.shape[2]
-    outputs = []
-    for start, end in itertools.pairwise(cu_seqlens.tolist()):
-        state = q.new_zeros(heads, dk, dv)
+    outputs, finals = [], []
+    for i, (start, end) in enumerate(itertools.pairwise(cu_seqlens.tolist())):
+        state = q.new_zeros(heads, dk, dv) if initial_state is None else initial_state[i].double()
         for t in range(start, end):
             state = state * g[t].exp()[:, None, None]
             predicted = torch.einsum("hk,hkv->hv", k[t], state)
             correction = beta[t][:, None] * (v[t] - predicted)
             state = state + k[t][:, :, None] * correction[:, None, :]
             outputs.append(scale * torch.einsum("hk,hkv->hv", q[t], state))
-    if not outputs:
-        return v.new_zeros(0, heads, dv)
-    return torch.stack(outputs)
+        finals.append(state)
+    o = torch.stack(outputs) if outputs else v.new_zeros(0, heads, dv)
+    return o, torch.stack(finals)
 
 
 def reference_causal_conv1d(x, weight, bias, cu_seqlens, activation) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The torch gated delta rule and varlen causal conv (`mtprun.kernels.gated_delta`, CPU path)
 against float64 references: forward and every input's gradient, sequences shorter than a chunk,
-exactly a chunk, non-multiples, several packed (an empty one among them); packing equals
-running apart; equality with transformers' chunked Qwen3.5 function; the FLOP helper against
-torch's FLOP counter; bad inputs answered by clear errors."""
+exactly a chunk, non-multiples, several packed (an empty one among them); given initial states
+and the final states (and their gradients); packing equals running apart; equality with
+transformers' chunked Qwen3.5 function; the FLOP helper against torch's FLOP counter; bad inputs
+answered by clear errors."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mtprun.kernels.gated_delta import (
     causal_conv1d,
     gated_delta_flops,
     gated_delta_rule,
+    gated_delta_rule_states,
     require_gdn_kernels,
 )
 from mtprun.kernels.gated_delta_torch import unit_lower_inverse
@@ -23,6 +25,7 @@ from .gated_delta_reference import (
     grouped_key_heads,
     reference_causal_conv1d,
     reference_gated_delta,
+    reference_gated_delta_states,
     relative_error,
     repeat_key_heads,
 )
@@ -96,6 +99,43 @@ def test_float64_is_exact_with_strong_decay_and_custom_scale() -> None:
     for name, value in ours.items():
         assert value.dtype == torch.float64
         assert relative_error(value, expected[name]) < 1e-12, name
+
+
+def test_initial_and_final_states_match_float64_recurrence() -> None:
+    """Each sequence starts from its own random state and returns its last one (an empty
+    sequence returns its initial state); the gradients of <o, do> + <S_final, dS> reach every
+    input and the initial states. Grouped value heads (2 key heads for 4)."""
+    lengths = [5, 64, 0, 131, 1]
+    inputs = grouped_key_heads(gated_delta_inputs(lengths, heads=4, dk=32, dv=16, seed=17), 2)
+    generator = torch.Generator().manual_seed(18)
+    initial = 0.5 * torch.randn(len(lengths), 4, 32, 16, generator=generator)
+    leaves = {name: inputs[name].clone().requires_grad_() for name in NAMES}
+    leaves["h0"] = initial.clone().requires_grad_()
+    o, final = gated_delta_rule_states(
+        *(leaves[n] for n in NAMES), inputs["cu_seqlens"], initial_state=leaves["h0"]
+    )
+    assert final.shape == initial.shape and final.dtype == torch.float32
+    grad_o = torch.randn(o.shape, generator=generator)
+    grad_final = torch.randn(final.shape, generator=generator)
+    torch.autograd.backward((o, final), (grad_o, grad_final))
+    ref_leaves = {name: x.detach().double().requires_grad_() for name, x in leaves.items()}
+    ref_o, ref_final = reference_gated_delta_states(
+        *repeat_key_heads(*(ref_leaves[n] for n in NAMES)),
+        inputs["cu_seqlens"],
+        32**-0.5,
+        ref_leaves["h0"],
+    )
+    torch.autograd.backward((ref_o, ref_final), (grad_o.double(), grad_final.double()))
+    assert torch.equal(final[2], initial[2])
+    ours = {"o": o, "final": final, **{n: leaves[n].grad for n in leaves}}
+    expected = {"o": ref_o, "final": ref_final, **{n: ref_leaves[n].grad for n in leaves}}
+    for name, value in ours.items():
+        error = relative_error(value, expected[name])
+        assert error < FLOAT32_TOLERANCE, f"{name}: relative error {error:.2e}"
+    with pytest.raises(ValueError, match=r"initial_state must be \[S=5, H=4, Dk=32, Dv=16\]"):
+        gated_delta_rule_states(
+            *(inputs[n] for n in NAMES), inputs["cu_seqlens"], initial_state=initial[:, :2]
+        )
 
 
 def test_packing_equals_running_apart() -> None:
