@@ -11,6 +11,7 @@ the row (`mtprun.runner.trainer.attention`).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
@@ -74,6 +75,13 @@ class TokenShard:
         span = torch.tensor([0, len(index)], dtype=batch.cu_seqlens.dtype)
         return replace(batch, **local, cu_seqlens=span.to(batch.cu_seqlens.device))
 
+    def chunk_spans(self) -> list[tuple[int, int]]:
+        """(start, end) row positions of the 2*size chunks in row order. Chunk c is held by
+        rank c (c < size, its first `index` share) or 2*size-1-c (c >= size, its second)."""
+        chunks = 2 * self.size
+        edges = [i * self.num_tokens // chunks for i in range(chunks + 1)]
+        return list(itertools.pairwise(edges))
+
     def _positions(self, rank: int) -> torch.Tensor:
         chunks = 2 * self.size
         edges = [i * self.num_tokens // chunks for i in range(chunks + 1)]
@@ -133,6 +141,13 @@ class _GatherKeys(torch.autograd.Function):
             start = dist.get_rank(ctx.group) * ctx.width
             mine = grad[start : start + ctx.width]
         return mine[: ctx.rows], None, None
+
+
+def gather_rows(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
+    """[n, ...] rows on each rank of `group` (n <= width) -> [size * width, ...]: every rank's
+    rows, each padded with zeros to `width`, rank by rank; differentiable (`_GatherKeys`: one
+    all_gather forward, the gradient summed over the group backward)."""
+    return _GatherKeys.apply(local, width, group)
 
 
 def gather_keys(

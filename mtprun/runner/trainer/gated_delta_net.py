@@ -19,11 +19,18 @@ Per token t, on this rank's Hk key heads and Hv = r Hk value heads (r value head
     o         = gated_delta_rule(q, k, v, g, beta)       [Hv, Dv], scale Dk^-1/2
     y         = out_proj(rmsnorm(o) w * silu(in_proj_z(x)))   (rmsnorm per value head)
 
-Context parallelism would need the state handed from rank to rank: refused at validate time.
+Under context parallelism (`mtprun.runner.trainer.context_parallel`: rank r holds row chunks r
+and 2cp-1-r of the 2cp near-equal chunks) a rank's tokens are two slices of the row, and the conv
+window and the delta-rule state run on from the chunk before across ranks
+(`ContextParallelPlan`): two collectives per layer, the conv input's last W-1 rows of every
+chunk and every chunk's final state, and an exact result (up to float rounding) instead of the
+one-process row's.
 """
 
 from __future__ import annotations
 
+import bisect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,8 +42,9 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
 
 from mtprun.kernels.fused_norms import gated_rms_norm, l2_normalize, zero_centered_rms_norm
-from mtprun.kernels.gated_delta import causal_conv1d, gated_delta_rule
+from mtprun.kernels.gated_delta import causal_conv1d, gated_delta_rule, gated_delta_rule_states
 from mtprun.models.qwen3_5_shape import LinearAttentionShape
+from mtprun.runner.trainer.context_parallel import TokenShard, gather_rows
 
 L2NORM_EPS = 1e-6  # transformers' and fla's l2norm epsilon
 
@@ -83,12 +91,6 @@ class PackedGatedDeltaNet(MegatronModule):
         **_: Any,
     ) -> None:
         super().__init__(config)
-        cp = parallel_state.get_context_parallel_world_size()
-        if cp > 1:  # validate refuses it first (parallel.cp); a direct build stops here
-            raise ValueError(
-                f"context parallelism ({cp}) with Gated DeltaNet layers: the delta-rule state "
-                "would have to pass between ranks; use cp 1"
-            )
         if pg_collection is None:
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
         tp_group = pg_collection.tp
@@ -148,7 +150,15 @@ class PackedGatedDeltaNet(MegatronModule):
         a, _ = self.in_proj_a(hidden_states)
         # The conv weight in the projections' dtype, as autocast gives the linear layers theirs.
         weight = self.conv_weight.to(qkv.dtype)
-        qkv = causal_conv1d(qkv[:, 0], weight, None, cu_seqlens, "silu")
+        plan = context_parallel_plan(cu_seqlens, tokens, weight.shape[-1])
+        if plan is None:
+            qkv = causal_conv1d(qkv[:, 0], weight, None, cu_seqlens, "silu")
+        else:
+            group = parallel_state.get_context_parallel_group()
+            tails = plan.conv_tails(qkv[:, 0])
+            if tails.numel():  # a conv window of one reads no earlier rows
+                tails = gather_rows(tails, len(tails), group)
+            qkv = plan.conv(qkv[:, 0], weight, tails)
         per_key = self.heads_per_key * self.value_dim
         q, k, v = qkv.view(tokens, self.key_heads, -1).split(
             [self.key_dim, self.key_dim, per_key], -1
@@ -160,7 +170,195 @@ class PackedGatedDeltaNet(MegatronModule):
         v = v.reshape(tokens, self.value_heads, self.value_dim)
         beta = b[:, 0].sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a[:, 0].float() + self.dt_bias.float())
-        o = gated_delta_rule(q, k, v, g, beta, cu_seqlens)
+        if plan is None:
+            o = gated_delta_rule(q, k, v, g, beta, cu_seqlens)
+        else:
+            out, ends = plan.delta_rule_local(q, k, v, g, beta)
+            o = plan.delta_rule_finish(out, gather_rows(ends, len(ends), group))
         o = self.out_norm(o, z.view(tokens, self.value_heads, self.value_dim))
         out, _ = self.out_proj(o.reshape(tokens, 1, -1))
         return out, None
+
+
+def context_parallel_plan(
+    cu_seqlens: torch.Tensor, tokens: int, conv_width: int
+) -> ContextParallelPlan | None:
+    """This rank's `ContextParallelPlan` for the row that `cu_seqlens` (host) describes, of
+    which it holds `tokens`; None without context parallelism. The last plan is kept: every
+    layer of a micro batch gets the same boundaries tensor."""
+    size = parallel_state.get_context_parallel_world_size()
+    if size == 1:
+        return None
+    shard = TokenShard(parallel_state.get_context_parallel_rank(), size, int(cu_seqlens[-1]))
+    if len(shard.index) != tokens:
+        raise ValueError(
+            f"a Gated DeltaNet layer got {tokens} tokens, but context-parallel rank {shard.rank} "
+            f"of {size} holds {len(shard.index)} of the {shard.num_tokens}-token row"
+        )
+    key = (shard, conv_width)
+    if _last_plan[0] is not cu_seqlens or _last_plan[1] != key:
+        _last_plan[:] = [cu_seqlens, key, ContextParallelPlan.of(cu_seqlens, shard, conv_width)]
+    return _last_plan[2]
+
+
+_last_plan: list = [None, None, None]  # [boundaries tensor, (shard, conv width), its plan]
+
+
+@dataclass(frozen=True)
+class ContextParallelPlan:
+    """How a Gated DeltaNet layer runs on context-parallel rank `shard.rank`'s tokens: the
+    rank holds row chunks c0 = rank and c1 = 2cp-1-rank (`TokenShard.chunk_spans`), laid out
+    one after the other as its local row. The row's sequence starts cut each local chunk into
+    pieces; a chunk's first piece continues a sequence from chunk c-1 unless a sequence starts
+    at the chunk's first token.
+
+    Conv (window W): each chunk's first W-1 outputs read the W-1 rows before it, which lie in
+    the last W-1 rows of the chunks before it (a chunk may be shorter than W-1). Every rank
+    all-gathers the last W-1 conv inputs of both its chunks; each local chunk runs behind its
+    halo, zero where it would reach back past the sequence's start (as the one-process conv
+    reads zeros there).
+
+    Delta rule: the state after a stretch of one sequence is affine in the state before it,
+    S_out = P S_in + Z, P = prod_t a_t (I - beta_t k_t k_t^T) [Dk, Dk], Z the state reached
+    from zero. The local pieces run in one kernel call with v widened by Dk zero columns and
+    initial state [0 | I] on continued pieces (zero elsewhere): the state columns then carry
+    [Z_t | P_t], the outputs [o_t from S_in = 0 | scale P_t^T q_t], and the final state of each
+    chunk's last piece is [Z | P] (P exactly 0 when that piece starts inside the chunk). One
+    all_gather of both chunks' final states per rank; every rank folds them in row order,
+    S_in(c+1) = Z_c + P_c S_in(c), S_in(0) = 0, and adds S_in(c)^T (scale P_t^T q_t) to its
+    continued pieces' outputs. Costs the kernel (Dv + Dk) / Dv of its value-side work and two
+    collectives of [W-1 rows] and [2, H, Dk, Dv + Dk] per rank; no recomputation.
+    """
+
+    halo: int  # W - 1
+    local_cu_seqlens: torch.Tensor  # [pieces + 1] int64 host: the local row cut at every start
+    continued: torch.Tensor  # [pieces] bool: a piece continues a sequence from the chunk before
+    last_pieces: tuple[int, int]  # each local chunk's last piece
+    slots: tuple[tuple[int, int, int], ...]  # per local chunk (lo, end of first piece, hi)
+    own_chunks: tuple[int, int]  # c0, c1
+    chunk_sources: tuple[int, ...]  # per row chunk: its row of the gathered final states
+    tail_index: torch.Tensor  # [2 (W-1)] local rows sent as tails (tokens: a zero row)
+    halo_index: torch.Tensor  # [2 (W-1)] rows of the gathered tails (their count: zero row)
+    conv_cu_seqlens: torch.Tensor  # host: [halo 0, chunk c0, halo 1, chunk c1] cut at starts
+    conv_keep: torch.Tensor  # [T_local] rows of that layout that are local tokens
+
+    @classmethod
+    def of(
+        cls, cu_seqlens: torch.Tensor, shard: TokenShard, conv_width: int
+    ) -> ContextParallelPlan:
+        bounds = [int(b) for b in cu_seqlens.tolist()]
+        total, size, halo = bounds[-1], shard.size, conv_width - 1
+        starts = {b for b in bounds[:-1] if b < total}
+        spans = shard.chunk_spans()
+        chunk_starts = [a for a, _ in spans]
+
+        def source(chunk: int) -> int:  # rank * 2 + (0: its first chunk, 1: its second)
+            return 2 * chunk if chunk < size else 2 * (2 * size - 1 - chunk) + 1
+
+        own = (shard.rank, 2 * size - 1 - shard.rank)
+        local_tokens = sum(b - a for a, b in (spans[c] for c in own))
+        local_bounds, continued, last_pieces, slots = [0], [], [], []
+        tail_index, halo_index, conv_bounds = [], [], [0]
+        lo = 0
+        for slot, chunk in enumerate(own):
+            start, end = spans[chunk]
+            inner = sorted(b for b in starts if start < b < end)
+            hi = lo + end - start
+            local_bounds += [lo + b - start for b in (*inner, end)]
+            continued += [start not in starts] + [False] * len(inner)
+            last_pieces.append(len(continued) - 1)
+            slots.append((lo, lo + (inner[0] if inner else end) - start, hi))
+            # Conv layout: local token i of this chunk sits at i + (slot + 1) (W - 1).
+            if slot == 1:
+                conv_bounds.append(lo + halo)  # the halo joins this chunk's first piece
+            conv_bounds += [lo + b - start + (slot + 1) * halo for b in inner]
+            for i in range(halo):
+                tail = end - halo + i
+                tail_index.append(lo + tail - start if tail >= start else local_tokens)
+            sequence_start = bounds[bisect.bisect_right(bounds, start) - 1]
+            for i in range(halo):
+                before = start - halo + i
+                if before < sequence_start:
+                    halo_index.append(2 * size * halo)
+                    continue
+                holder = bisect.bisect_right(chunk_starts, before) - 1
+                halo_index.append(source(holder) * halo + before - (spans[holder][1] - halo))
+            lo = hi
+        conv_bounds.append(local_tokens + 2 * halo)
+        first = slots[0][2]
+        keep = torch.cat(
+            [
+                torch.arange(halo, halo + first),
+                torch.arange(first + 2 * halo, local_tokens + 2 * halo),
+            ]
+        )
+        return cls(
+            halo=halo,
+            local_cu_seqlens=torch.tensor(local_bounds, dtype=torch.long),
+            continued=torch.tensor(continued),
+            last_pieces=(last_pieces[0], last_pieces[1]),
+            slots=tuple(slots),
+            own_chunks=own,
+            chunk_sources=tuple(source(c) for c in range(2 * size)),
+            tail_index=torch.tensor(tail_index, dtype=torch.long),
+            halo_index=torch.tensor(halo_index, dtype=torch.long),
+            conv_cu_seqlens=torch.tensor(conv_bounds, dtype=torch.long),
+            conv_keep=keep,
+        )
+
+    def conv_tails(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of x [T_local, C] that later chunks' conv windows read: the last W-1 of each
+        local chunk, zero-padded in front for a chunk shorter than that: [2 (W-1), C]."""
+        padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
+        return padded.index_select(0, self.tail_index.to(x.device))
+
+    def conv(self, x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
+        """silu(causal_conv1d) of the local rows x [T_local, C] (weight [C, W]) as the whole
+        row's conv gives them, from every rank's `conv_tails` gathered ([cp * 2 (W-1), C],
+        rank by rank)."""
+        if self.halo == 0:
+            return causal_conv1d(x, weight, None, self.local_cu_seqlens, "silu")
+        zero = x.new_zeros(1, x.shape[1])
+        halos = torch.cat([tails, zero]).index_select(0, self.halo_index.to(x.device))
+        first = self.slots[0][2]
+        laid_out = torch.cat([halos[: self.halo], x[:first], halos[self.halo :], x[first:]])
+        y = causal_conv1d(laid_out, weight, None, self.conv_cu_seqlens, "silu")
+        return y.index_select(0, self.conv_keep.to(x.device))
+
+    def delta_rule_local(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local pieces from S_in = [0 | I] where they continue a sequence (q, k [T_local,
+        Hk, Dk], v [T_local, H, Dv], g, beta [T_local, H]): the outputs [T_local, H, Dv + Dk]
+        ([o from S_in = 0 | scale P_t^T q_t]) and the local chunks' final states [Z | P],
+        [2, H, Dk, Dv + Dk] in the state dtype (float32; float64 for float64 inputs on the
+        CPU), to be gathered for `delta_rule_finish`."""
+        tokens, heads, dv = v.shape
+        dk = q.shape[-1]
+        wide = torch.cat([v, v.new_zeros(tokens, heads, dk)], -1)
+        dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
+        initial = q.new_zeros(len(self.continued), heads, dk, dv + dk, dtype=dtype)
+        identity = torch.eye(dk, dtype=dtype, device=q.device)
+        initial[self.continued.to(q.device), :, :, dv:] = identity
+        out, final = gated_delta_rule_states(q, k, wide, g, beta, self.local_cu_seqlens, initial)
+        return out, final[list(self.last_pieces)]
+
+    def delta_rule_finish(self, out: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """`gated_delta_rule` of the local rows as the whole row's gives them, [T_local, H, Dv]
+        in out's dtype, from `delta_rule_local`'s outputs and every rank's final states
+        gathered ([2 cp, H, Dk, Dv + Dk], rank by rank)."""
+        heads, dk = ends.shape[1], ends.shape[2]
+        dv = ends.shape[3] - dk
+        # S_in of every row chunk up to this rank's last, folded in row order (the same on
+        # every rank; P is exactly 0 where a sequence starts inside a chunk, so no branches).
+        entering = [ends.new_zeros(heads, dk, dv)]
+        for source in self.chunk_sources[: max(self.own_chunks)]:
+            end = ends[source]
+            entering.append(end[..., :dv] + end[..., dv:] @ entering[-1])
+        pieces = []
+        for (lo, first_end, hi), chunk in zip(self.slots, self.own_chunks, strict=True):
+            carried = torch.einsum(
+                "thk,hkv->thv", out[lo:first_end, :, dv:].to(ends.dtype), entering[chunk]
+            )
+            pieces += [out[lo:first_end, :, :dv] + carried.to(out.dtype), out[first_end:hi, :, :dv]]
+        return torch.cat(pieces)
