@@ -16,7 +16,7 @@ from typing import Any
 
 from mtprun.data.tasks import TASKS, load_environment_class
 from mtprun.models.peft_adapter import adapter_problem
-from mtprun.models.qwen3_5_shape import LAYER_KINDS, LINEAR_ATTENTION, unknown_layer_types
+from mtprun.models.qwen3_5_shape import LAYER_KINDS, unknown_layer_types
 from mtprun.models.shape import HF_CONFIG_KEYS, ModelShape
 from mtprun.preflight.model_shape import policy_shape
 from mtprun.sources.prompts.dataset import file_problem
@@ -282,19 +282,6 @@ def _one_qwen3_5_mtp_layer(r: Recipe) -> Iterator[Issue]:
         where,
         f"{shape.mtp_layers} Qwen3.5 MTP layers: mtprun trains a Qwen3.5 MTP head of one layer "
         "(as released), whose layers would share one input projection; use 1",
-    )
-
-
-@rule("parallel", "model")
-def _cp_without_linear_attention(r: Recipe) -> Iterator[Issue]:
-    shape, cp = _policy(r), r.parallel.cp
-    if shape is None or cp == 1 or LINEAR_ATTENTION not in shape.layer_types:
-        return
-    yield Issue(
-        ("parallel", "cp"),
-        f"cp {cp} splits each sequence over ranks, and this model's Gated DeltaNet layers "
-        "(layer_types linear_attention) carry a recurrent state from token to token that "
-        "mtprun does not hand between context-parallel ranks; set cp: 1 (use tp, pp or dp)",
     )
 
 
