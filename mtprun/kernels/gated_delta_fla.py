@@ -211,7 +211,8 @@ def fla_causal_conv1d(x, weight, bias, cu_seqlens, activation) -> torch.Tensor:
     return y.squeeze(0).to(x.dtype)
 
 
-_last_varlen: list = [None, None]  # [the caller's boundaries, their fla arguments]
+_VARLEN_KEPT = 4
+_recent_varlen: list = []  # [(the caller's boundaries, their fla arguments)], newest first
 
 
 def _fla_varlen(cu_seqlens: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
@@ -220,12 +221,16 @@ def _fla_varlen(cu_seqlens: torch.Tensor, device: torch.device) -> dict[str, tor
 
     The same boundaries tensor gets the same argument tensors back: fla caches its chunk plans
     by argument identity (`fla.utils.tensor_cache`), so every layer of a micro batch after the
-    first, forward and backward, reuses the plan instead of building it again.
+    first, forward and backward, reuses the plan instead of building it again. A few are kept:
+    under context parallelism a layer's conv and delta rule each have boundaries of their own.
     """
-    if _last_varlen[0] is cu_seqlens and _last_varlen[1]["cu_seqlens"].device == device:
-        return _last_varlen[1]
+    for i, (known, varlen) in enumerate(_recent_varlen):
+        if known is cu_seqlens and varlen["cu_seqlens"].device == device:
+            _recent_varlen.insert(0, _recent_varlen.pop(i))
+            return varlen
     varlen = {"cu_seqlens": cu_seqlens.to(device, torch.long)}
     if cu_seqlens.device.type == "cpu":
         varlen["cu_seqlens_cpu"] = cu_seqlens.long()
-    _last_varlen[:] = [cu_seqlens, varlen]
+    _recent_varlen.insert(0, (cu_seqlens, varlen))
+    del _recent_varlen[_VARLEN_KEPT:]
     return varlen

@@ -31,6 +31,16 @@ ROWS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny shapes: OpenMP fork/join costs more than it saves (15x the time of one thread
+    here on a loaded two-core machine), as in tests/kernels."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 HK, H, DK, DV = 2, 4, 8, 4  # key heads, value heads (two per key head), their widths
 
 

@@ -30,7 +30,7 @@ one-process row's.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -232,7 +232,8 @@ class ContextParallelPlan:
 
     halo: int  # W - 1
     local_cu_seqlens: torch.Tensor  # [pieces + 1] int64 host: the local row cut at every start
-    continued: torch.Tensor  # [pieces] bool: a piece continues a sequence from the chunk before
+    pieces: int
+    continued: tuple[int, ...]  # the pieces that continue a sequence from the chunk before
     last_pieces: tuple[int, int]  # each local chunk's last piece
     slots: tuple[tuple[int, int, int], ...]  # per local chunk (lo, end of first piece, hi)
     own_chunks: tuple[int, int]  # c0, c1
@@ -241,6 +242,8 @@ class ContextParallelPlan:
     halo_index: torch.Tensor  # [2 (W-1)] rows of the gathered tails (their count: zero row)
     conv_cu_seqlens: torch.Tensor  # host: [halo 0, chunk c0, halo 1, chunk c1] cut at starts
     conv_keep: torch.Tensor  # [T_local] rows of that layout that are local tokens
+    # The index tensors above by device, copied once per micro batch rather than per layer.
+    _on_device: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -295,7 +298,8 @@ class ContextParallelPlan:
         return cls(
             halo=halo,
             local_cu_seqlens=torch.tensor(local_bounds, dtype=torch.long),
-            continued=torch.tensor(continued),
+            pieces=len(continued),
+            continued=tuple(i for i, c in enumerate(continued) if c),
             last_pieces=(last_pieces[0], last_pieces[1]),
             slots=tuple(slots),
             own_chunks=own,
@@ -306,11 +310,17 @@ class ContextParallelPlan:
             conv_keep=keep,
         )
 
+    def _index(self, name: str, device: torch.device) -> torch.Tensor:
+        key = (name, device)
+        if key not in self._on_device:
+            self._on_device[key] = getattr(self, name).to(device)
+        return self._on_device[key]
+
     def conv_tails(self, x: torch.Tensor) -> torch.Tensor:
         """The rows of x [T_local, C] that later chunks' conv windows read: the last W-1 of each
         local chunk, zero-padded in front for a chunk shorter than that: [2 (W-1), C]."""
         padded = torch.cat([x, x.new_zeros(1, x.shape[1])])
-        return padded.index_select(0, self.tail_index.to(x.device))
+        return padded.index_select(0, self._index("tail_index", x.device))
 
     def conv(self, x: torch.Tensor, weight: torch.Tensor, tails: torch.Tensor) -> torch.Tensor:
         """silu(causal_conv1d) of the local rows x [T_local, C] (weight [C, W]) as the whole
@@ -319,11 +329,11 @@ class ContextParallelPlan:
         if self.halo == 0:
             return causal_conv1d(x, weight, None, self.local_cu_seqlens, "silu")
         zero = x.new_zeros(1, x.shape[1])
-        halos = torch.cat([tails, zero]).index_select(0, self.halo_index.to(x.device))
+        halos = torch.cat([tails, zero]).index_select(0, self._index("halo_index", x.device))
         first = self.slots[0][2]
         laid_out = torch.cat([halos[: self.halo], x[:first], halos[self.halo :], x[first:]])
         y = causal_conv1d(laid_out, weight, None, self.conv_cu_seqlens, "silu")
-        return y.index_select(0, self.conv_keep.to(x.device))
+        return y.index_select(0, self._index("conv_keep", x.device))
 
     def delta_rule_local(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
@@ -337,11 +347,12 @@ class ContextParallelPlan:
         dk = q.shape[-1]
         wide = torch.cat([v, v.new_zeros(tokens, heads, dk)], -1)
         dtype = torch.float64 if v.dtype == torch.float64 else torch.float32
-        initial = q.new_zeros(len(self.continued), heads, dk, dv + dk, dtype=dtype)
+        initial = q.new_zeros(self.pieces, heads, dk, dv + dk, dtype=dtype)
         identity = torch.eye(dk, dtype=dtype, device=q.device)
-        initial[self.continued.to(q.device), :, :, dv:] = identity
+        for piece in self.continued:
+            initial[piece, :, :, dv:] = identity
         out, final = gated_delta_rule_states(q, k, wide, g, beta, self.local_cu_seqlens, initial)
-        return out, final[list(self.last_pieces)]
+        return out, torch.stack([final[piece] for piece in self.last_pieces])
 
     def delta_rule_finish(self, out: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """`gated_delta_rule` of the local rows as the whole row's gives them, [T_local, H, Dv]
