@@ -22,9 +22,9 @@ Per token t, on this rank's Hk key heads and Hv = r Hk value heads (r value head
 Under context parallelism (`mtprun.runner.trainer.context_parallel`: rank r holds row chunks r
 and 2cp-1-r of the 2cp near-equal chunks) a rank's tokens are two slices of the row, and the conv
 window and the delta-rule state run on from the chunk before across ranks
-(`ContextParallelPlan`): two collectives per layer, the conv input's last W-1 rows of every
-chunk and every chunk's final state, and an exact result (up to float rounding) instead of the
-one-process row's.
+(`ContextParallelPlan`): two all_gathers per layer (the conv input's last W-1 rows of every
+chunk, every chunk's final state; their backward sums the gradients back over the group), and
+the one-process row's outputs and gradients up to float rounding.
 """
 
 from __future__ import annotations
@@ -228,6 +228,10 @@ class ContextParallelPlan:
     S_in(c+1) = Z_c + P_c S_in(c), S_in(0) = 0, and adds S_in(c)^T (scale P_t^T q_t) to its
     continued pieces' outputs. Costs the kernel (Dv + Dk) / Dv of its value-side work and two
     collectives of [W-1 rows] and [2, H, Dk, Dv + Dk] per rank; no recomputation.
+
+    Every rank's output depends on both gathered tensors whatever the row's layout (the halo
+    is indexed out of the gathered tails, zero rows included; the fold always starts from
+    chunk 0), so every rank reaches their backward collectives, in the same order.
     """
 
     halo: int  # W - 1
