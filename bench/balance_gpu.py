@@ -16,7 +16,13 @@ rank 0's from a barrier to the end of its step: the step ends with the gradient 
 so the slowest replica sets it. Median of --steps after --warmup, per draw and layout; the
 ratios to the uniform step close the run.
 
+With --shares-alone one process (one GPU) trains each replica's share of the same layouts in
+turn, without the others: the seconds each replica's work takes alone, so a layout's
+imbalance in time (slowest share over the mean share) is seen apart from the long tail's own
+cost (the mean share over the uniform layout's).
+
     python bench/balance_gpu.py --dp 2 --json $OUT/balance.json    # Qwen3-1.7B shape, 2 GPUs
+    python bench/balance_gpu.py --dp 2 --shares-alone              # each replica's share, 1 GPU
     python bench/balance_gpu.py --cpu-dry-run                      # tiny sizes, gloo on CPU
 """
 
@@ -28,6 +34,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -107,11 +114,11 @@ def _rank_process(rank: int, port: int, out: Path, folder: Path, args: argparse.
     from mtprun.runner.trainer.trainer import Trainer
     from mtprun.spec.parallel import ParallelSection
 
-    parallel = ParallelSection(dp=args.dp)
+    parallel = ParallelSection(dp=process_count(args))
     init_parallel(parallel, rank, parallel.world_size, "127.0.0.1", port)
     trainer_section = {"micro_batch_tokens": args.micro_batch_tokens, "recompute": args.recompute}
     recipe = smoke_recipe(
-        folder, args.dtype, WORKLOADS["grpo"], True, trainer_section, {"dp": args.dp}
+        folder, args.dtype, WORKLOADS["grpo"], True, trainer_section, {"dp": parallel.dp}
     )
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
     rng = random.Random(args.seed)
@@ -121,14 +128,17 @@ def _rank_process(rank: int, port: int, out: Path, folder: Path, args: argparse.
         for name, (batches, replica_of, cost_imbalance) in layouts(
             lengths, args, recipe, seed=draw
         ).items():
-            share = [b for b, r in zip(batches, replica_of, strict=True) if r == rank]
-            times = time_share(trainer, share, args)
+            shares = [rank] if not args.shares_alone else range(args.dp)
+            owned = list(zip(batches, replica_of, strict=True))
+            times = [time_share(trainer, [b for b, r in owned if r == i], args) for i in shares]
+            steps = [statistics.median(t) for t in times]
             rows.append(
                 {
                     "draw": draw,
                     "layout": name,
-                    "step_s": round(statistics.median(times), 4),
-                    "timed_steps": [round(t, 4) for t in times],
+                    "step_s": round(max(steps), 4),
+                    "timed_steps": [round(t, 4) for t in times[0]],
+                    **({"share_s": [round(t, 4) for t in steps]} if args.shares_alone else {}),
                     "cost_imbalance": round(cost_imbalance, 4),
                     "sequences": len(lengths),
                     "longest": max(lengths),
@@ -143,18 +153,38 @@ def _rank_process(rank: int, port: int, out: Path, folder: Path, args: argparse.
     destroy_parallel()
 
 
+def process_count(args: argparse.Namespace) -> int:
+    """Trainer processes: one per replica, or one that trains every share in turn."""
+    return 1 if args.shares_alone else args.dp
+
+
 def summary(rows: list[dict]) -> dict[str, float]:
-    """Per layout, the median over the draws of its step time over the uniform step's."""
-    uniform = {r["draw"]: r["step_s"] for r in rows if r["layout"] == "uniform"}
-    return {
-        f"{name}/uniform": round(
-            statistics.median(
-                r["step_s"] / uniform[r["draw"]] for r in rows if r["layout"] == name
-            ),
-            4,
-        )
-        for name in LAYOUTS[1:]
-    }
+    """Per layout, the median over the draws of its step time over the uniform step's; with
+    the shares timed alone also its slowest share over its mean share and its mean share over
+    the uniform layout's."""
+    by = {(r["draw"], r["layout"]): r for r in rows}
+    draws = sorted({r["draw"] for r in rows})
+
+    def ratio(name: str, of: Callable[[dict], float], to: Callable[[dict], float]) -> float:
+        return round(statistics.median(of(by[d, name]) / to(by[d, "uniform"]) for d in draws), 4)
+
+    out = {f"{name}/uniform": ratio(name, step_seconds, step_seconds) for name in LAYOUTS[1:]}
+    if "share_s" in rows[0]:
+        for name in LAYOUTS:
+            shares = [by[d, name]["share_s"] for d in draws]
+            slowest = statistics.median(max(s) / statistics.fmean(s) for s in shares)
+            out[f"{name} slowest/mean share"] = round(slowest, 4)
+        for name in LAYOUTS[1:]:
+            out[f"{name} mean share/uniform"] = ratio(name, mean_share, mean_share)
+    return out
+
+
+def step_seconds(row: dict) -> float:
+    return row["step_s"]
+
+
+def mean_share(row: dict) -> float:
+    return statistics.fmean(row["share_s"])
 
 
 def parse_args() -> argparse.Namespace:
@@ -170,6 +200,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--draws", type=int, default=3, help="long-tailed steps drawn")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per draw and layout")
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--shares-alone", action="store_true", help="one process trains each share in turn"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-dir", type=Path, help="keep (and reuse) the model folder here")
     parser.add_argument("--json", type=Path, help="also write the rows and summary here")
@@ -194,7 +227,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.model_dir or Path(tmp)
         folder = model_folder(args.shape, args.cap, root, args.dtype, args.device)
-        rows = spawn_ranks(_rank_process, args.dp, (folder, args), args.device == "cuda")
+        rows = spawn_ranks(
+            _rank_process, process_count(args), (folder, args), args.device == "cuda"
+        )
     result = {"summary": summary(rows), "rows": rows, **_settings(args)}
     print(json.dumps(result["summary"]), flush=True)
     if args.json:
@@ -203,6 +238,7 @@ def main() -> None:
 
 def _settings(args: argparse.Namespace) -> dict:
     keep = ("dp", "tokens_per_rank", "cap", "median", "sigma", "micro_batch_tokens", "recompute")
+    keep += ("shares_alone",)
     device = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     return {"shape": args.shape.name, "device": device, **{k: getattr(args, k) for k in keep}}
 
