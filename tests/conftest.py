@@ -13,6 +13,8 @@ it (`_torch_compile_as_found`), since an in-process vLLM engine turns it off for
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -54,9 +56,32 @@ LONGEST_FILES_S = {
 }
 
 
+_VLLM_CACHE = "VLLM_CACHE_ROOT"
+_vllm_cache_dir = pytest.StashKey[str]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    """Files in collection order under `--dist loadfile`; and one vLLM cache for the session's
+    engines, in this process, in Ray actors and in `mtprun` subprocesses (they all inherit the
+    variable, which the engine leaves as it finds it): an engine inspects its model class in a
+    subprocess that imports vLLM (~9 CPU-s a class on a 2-core machine), and a run folder's own
+    cache is cold for every run. Made here, in the xdist controller too (which loads no
+    tests/*/conftest.py), so both workers inherit it: with a cache each, every model class
+    both ran was inspected twice. The session's first engine of each class still goes through
+    the cold path (vLLM writes the cache's files atomically: two workers may)."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False  # hand the files out in collection order
+    if _VLLM_CACHE not in os.environ:
+        os.environ[_VLLM_CACHE] = config.stash[_vllm_cache_dir] = tempfile.mkdtemp(
+            prefix="vllm-cache-"
+        )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_vllm_cache_dir, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        del os.environ[_VLLM_CACHE]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

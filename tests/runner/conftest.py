@@ -1,5 +1,5 @@
-"""Shared runner fixtures: tiny model folders built once per session, recipes, batches, a
-local Ray instance, and one vLLM cache for every engine of the session."""
+"""Shared runner fixtures: tiny model folders built once per session, recipes, batches and a
+local Ray instance (the session's one vLLM cache is tests/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -19,29 +19,6 @@ from mtprun.models import build_tiny_model
 from mtprun.runner.net import free_port
 from mtprun.spec.model import TinyModel
 from mtprun.spec.recipe import Recipe
-
-_VLLM_CACHE = "VLLM_CACHE_ROOT"
-_vllm_cache_dir = pytest.StashKey[str]()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """One vLLM cache for the session's engines, in this process, in Ray actors and in
-    `mtprun` subprocesses (they all inherit the variable, which the engine leaves as it finds
-    it): an engine inspects its model class in a subprocess that imports vLLM (~10 s), and a
-    run folder's own cache is cold for every run. The session's first engine still goes
-    through the cold path."""
-    if _VLLM_CACHE not in os.environ:
-        os.environ[_VLLM_CACHE] = config.stash[_vllm_cache_dir] = tempfile.mkdtemp(
-            prefix="vllm-cache-"
-        )
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    folder = config.stash.get(_vllm_cache_dir, None)
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-        del os.environ[_VLLM_CACHE]
-
 
 # chatml: 102 tokens, padded to a 128-row vocab that TP=2 splits. Head size 32 (vLLM's CPU minimum),
 # kv_heads 2 so TP=2 splits the key/value groups too.
