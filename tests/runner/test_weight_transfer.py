@@ -16,9 +16,10 @@ import torch
 import torch.distributed as dist
 
 from mtprun.runner.net import free_port
-from mtprun.runner.weight_transfer import TransferGroup, TransferHost, _wait_done, plan_buckets
+from mtprun.runner.weight_transfer import TransferHost, _wait_done, plan_buckets
 
 from .conftest import make_recipe, random_packed_batch
+from .transfer_member import member as receiving_member
 
 
 class _NeverDone:
@@ -46,11 +47,6 @@ def _weights() -> dict[str, torch.Tensor]:
     }
 
 
-def _member(port: int, out: str, generation: int = 1) -> None:
-    group = TransferGroup.join("127.0.0.1", port, generation=generation, rank=1, world_size=2)
-    torch.save({name: t.clone() for name, t in group.receive()}, out)
-
-
 def test_plan_buckets_aligns_tensors_and_gives_a_large_one_its_own_bucket():
     layout = [("x", "float32", [3]), ("y", "bfloat16", [2]), ("z", "float64", [100])]
     slots, sizes = plan_buckets(layout, bucket_bytes=64)
@@ -62,7 +58,7 @@ def test_receiver_gets_every_dtype_bit_for_bit(tmp_path):
     port = free_port()
     host = TransferHost("127.0.0.1", port)
     out = tmp_path / "received.pt"
-    member = mp.get_context("spawn").Process(target=_member, args=(port, str(out)))
+    member = mp.get_context("spawn").Process(target=receiving_member, args=(port, str(out)))
     member.start()
     host.form(generation=1, world_size=2)
     sent = _weights()
@@ -84,7 +80,7 @@ def test_a_member_that_never_joins_fails_the_formation_and_the_next_generation_f
         host.form(generation=1, world_size=2, form_timeout=timedelta(seconds=2))
     assert host.group is None
     out = tmp_path / "received.pt"
-    member = mp.get_context("spawn").Process(target=_member, args=(port, str(out), 2))
+    member = mp.get_context("spawn").Process(target=receiving_member, args=(port, str(out), 2))
     member.start()
     host.form(generation=2, world_size=2)
     sent = _weights()
