@@ -1,7 +1,10 @@
 """`task.environment: verifiers:<module>`: a verifiers (0.4) taskset as an mtprun task. Its
 tasks are the prompts, its tools answer the model's calls, its rubric (the tasks' weighted
 @vf.reward functions) scores the episodes exactly as verifiers scores the same conversation;
-every recipe it cannot serve is refused at the value."""
+every recipe it cannot serve is refused at the value.
+
+verifiers is imported where a test uses it (its import is ~5 CPU-s): `make test`'s workers
+both collect every file, and the one that does not run these tests need not pay it."""
 
 from __future__ import annotations
 
@@ -12,8 +15,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import verifiers.v1 as vf
-from verifiers.v1.graph import MessageNode
 
 from mtprun.data.environment import (
     EnvStep,
@@ -43,6 +44,9 @@ def episode(reference: str, prompt):
 
 def rubric_directly(task, messages: list) -> tuple[float, dict[str, float]]:
     """verifiers' own scoring of a conversation (its message types, built here by hand)."""
+    import verifiers.v1 as vf
+    from verifiers.v1.graph import MessageNode
+
     nodes = [
         MessageNode(parent=k - 1 if k else None, message=m, sampled=m.role == "assistant")
         for k, m in enumerate(messages)
@@ -75,6 +79,8 @@ def test_the_prompts_are_the_tasks_rows() -> None:
 
 @pytest.mark.parametrize("reply", ["{answer}", "7", "{answer}!", ""])
 def test_a_single_turn_episode_is_scored_as_verifiers_scores_it(reply: str) -> None:
+    import verifiers.v1 as vf
+
     source = load_verifiers_taskset(ARITHMETIC)
     prompt, task = source.prompts[5], source.tasks[5]
     env, start = episode(ARITHMETIC, prompt)
@@ -92,6 +98,8 @@ def test_a_single_turn_episode_is_scored_as_verifiers_scores_it(reply: str) -> N
 
 
 def test_a_tool_episode_calls_the_toolset_and_is_scored_after_every_turn() -> None:
+    import verifiers.v1 as vf
+
     source = load_verifiers_taskset(CALCULATOR)
     prompt, task = source.prompts[0], source.tasks[0]
     expression = task.data.prompt.removeprefix("What is ").removesuffix("?")
