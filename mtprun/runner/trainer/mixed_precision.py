@@ -153,8 +153,7 @@ class MegatronMixedPrecision:
             # on the parameter's device (the fused kernel reads it there) or, for
             # AdamWBF16Moments, on the host (no device read a parameter per step).
             host = isinstance(shard.optimizer, AdamWBF16Moments)
-            per_param = shard.optimizer.state if shard.optimizer is not None else {}
-            for param, inner in per_param.items():
+            for param, inner in _inner_state(shard).items():
                 if "step" in inner:
                     device = "cpu" if host else param.device
                     inner["step"] = inner["step"].to(device, torch.float32, copy=True)
@@ -167,9 +166,15 @@ def _master_params(shard: Any) -> list[torch.Tensor]:
     return [] if inner is None else [p for g in inner.param_groups for p in g["params"]]
 
 
+def _inner_state(shard: Any) -> dict:
+    """The torch optimizer state of a distributed optimizer `shard`, by master slice (none on a
+    rank that owns no slice)."""
+    return shard.optimizer.state if shard.optimizer is not None else {}
+
+
 def _local_state(shard: Any) -> list[dict[str, torch.Tensor]]:
     """Per master slice of this rank: the weights ("param") and the Adam moments."""
-    state = shard.optimizer.state if shard.optimizer is not None else {}
+    state = _inner_state(shard)
     return [
         {"param": p, **{k: v for k, v in state[p].items() if k != "step"}}
         for p in _master_params(shard)
