@@ -18,41 +18,40 @@ import tempfile
 
 import pytest
 
-# Seconds each of the longest files took in a full `make test` run on a 2-core machine
-# (setup + call + teardown, --durations=0; 2026-11-27), longest first. Approximate and kept
+# Seconds each of the longest files takes in a full `make test` run on a 2-core machine
+# (setup + call + teardown: the 30 slowest of two runs of 2026-11-27, and files alone with
+# --durations=0, scaled for the other worker's load), longest first. Approximate and kept
 # short: only the order matters. Files not named come after them, those with a `slow` test
 # first, each group in collection order.
 LONGEST_FILES_S = {
-    "tests/runner/test_mtp_specdec.py": 340,
-    "tests/runner/test_lora_rollout.py": 260,
+    "tests/runner/test_mtp_specdec.py": 300,
     "tests/runner/test_run_grpo.py": 230,
-    "tests/runner/test_trainer.py": 170,
-    "tests/runner/test_mtp_absent.py": 140,
-    "tests/runner/test_lora_layouts.py": 140,
-    "tests/runner/test_run_trainer_restart.py": 130,
-    "tests/runner/test_reward_models.py": 130,
-    "tests/runner/test_run_reward_models.py": 120,
-    "tests/runner/test_run_agentic.py": 115,
-    "tests/runner/test_run_user_task.py": 105,
+    "tests/runner/test_lora_rollout.py": 200,
+    "tests/runner/test_run_trainer_restart.py": 135,
+    "tests/runner/test_run_user_task.py": 110,
+    "tests/runner/test_run_agentic.py": 105,
+    "tests/runner/test_run_policy_losses.py": 105,
+    "tests/runner/test_weight_transfer.py": 100,
     "tests/runner/test_tracking_outage.py": 95,
-    "tests/runner/test_rollout_pool.py": 90,
-    "tests/runner/test_run_verifiers.py": 85,
-    "tests/data/test_sft.py": 80,
-    "tests/runner/test_weight_transfer.py": 75,
-    "tests/runner/test_glm4_moe.py": 75,
-    "tests/runner/test_run_cluster.py": 75,
-    "tests/runner/test_cli_errors.py": 70,
-    "tests/runner/test_qwen3_5.py": 70,
-    "tests/runner/test_run_search.py": 65,
-    "tests/runner/test_qwen3_moe.py": 65,
-    "tests/runner/test_run_policy_losses.py": 65,
-    "tests/runner/test_lora.py": 60,
-    "tests/runner/test_lora_export.py": 60,
+    "tests/runner/test_run_verifiers.py": 90,
+    "tests/runner/test_run_cluster.py": 90,
+    "tests/runner/test_run_reward_models.py": 85,
+    "tests/runner/test_run_search.py": 75,
+    "tests/runner/test_rollout_pool.py": 70,
+    "tests/runner/test_reward_models.py": 65,
     "tests/kernels/test_triton_head_loss.py": 55,
-    "tests/runner/test_partial_rollouts.py": 55,
+    "tests/runner/test_qwen3_5.py": 50,
+    "tests/data/test_sft.py": 45,
+    "tests/runner/test_lora_layouts.py": 45,
     "tests/runner/test_family_rollouts.py": 45,
     "tests/runner/test_rollout.py": 45,
-    "tests/runner/test_adamw_interpreted.py": 40,
+    "tests/runner/test_partial_rollouts.py": 45,
+    "tests/runner/test_qwen3_moe.py": 40,
+    "tests/runner/test_cli_errors.py": 40,
+    "tests/runner/test_trainer.py": 35,
+    "tests/runner/test_glm4_moe.py": 35,
+    "tests/runner/test_adamw_interpreted.py": 30,
+    "tests/cli/test_ui.py": 30,
 }
 
 
