@@ -23,6 +23,7 @@ cost (the mean share over the uniform layout's).
 
     python bench/balance_gpu.py --dp 2 --json $OUT/balance.json    # Qwen3-1.7B shape, 2 GPUs
     python bench/balance_gpu.py --dp 2 --shares-alone              # each replica's share, 1 GPU
+    python bench/balance_gpu.py --dp 2 --shares-alone --draws 1 --profile $OUT/prof   # + profiles
     python bench/balance_gpu.py --cpu-dry-run                      # tiny sizes, gloo on CPU
 """
 
@@ -35,13 +36,14 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from balance_cpu import draw_lengths
 from gpu_smoke_megatron import random_batch, smoke_recipe, spawn_ranks
-from trainer_gpu import WORKLOADS, Shape, _near_policy, model_folder
+from trainer_gpu import WORKLOADS, Shape, _near_policy, _profile_step, model_folder
 
 from mtprun.compiler import compile_recipe
 from mtprun.data.batch import PackedBatch
@@ -132,6 +134,10 @@ def _rank_process(rank: int, port: int, out: Path, folder: Path, args: argparse.
             owned = list(zip(batches, replica_of, strict=True))
             times = [time_share(trainer, [b for b, r in owned if r == i], args) for i in shares]
             steps = [statistics.median(t) for t in times]
+            if args.profile and draw == 0:  # one more step of the first share, profiled
+                first = [b for b, r in owned if r == shares[0]]
+                path = args.profile / f"draw0-{name}-share{shares[0]}.json"
+                _profile_step(partial(trainer.train_step, first), path)
             rows.append(
                 {
                     "draw": draw,
@@ -202,6 +208,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
         "--shares-alone", action="store_true", help="one process trains each share in turn"
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="one more step of each layout's first share of draw 0 under torch.profiler, "
+        "summarized (bench/profile_step.py) into DIR/draw0-<layout>-share<i>.json",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-dir", type=Path, help="keep (and reuse) the model folder here")
