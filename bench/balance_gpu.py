@@ -171,17 +171,20 @@ def summary(rows: list[dict]) -> dict[str, float]:
     by = {(r["draw"], r["layout"]): r for r in rows}
     draws = sorted({r["draw"] for r in rows})
 
-    def ratio(name: str, of: Callable[[dict], float], to: Callable[[dict], float]) -> float:
-        return round(statistics.median(of(by[d, name]) / to(by[d, "uniform"]) for d in draws), 4)
+    def ratio(name: str, value: Callable[[dict], float]) -> float:
+        """The median over the draws of the layout's `value` over the uniform layout's."""
+        return round(
+            statistics.median(value(by[d, name]) / value(by[d, "uniform"]) for d in draws), 4
+        )
 
-    out = {f"{name}/uniform": ratio(name, step_seconds, step_seconds) for name in LAYOUTS[1:]}
+    out = {f"{name}/uniform": ratio(name, step_seconds) for name in LAYOUTS[1:]}
     if "share_s" in rows[0]:
         for name in LAYOUTS:
             shares = [by[d, name]["share_s"] for d in draws]
             slowest = statistics.median(max(s) / statistics.fmean(s) for s in shares)
             out[f"{name} slowest/mean share"] = round(slowest, 4)
         for name in LAYOUTS[1:]:
-            out[f"{name} mean share/uniform"] = ratio(name, mean_share, mean_share)
+            out[f"{name} mean share/uniform"] = ratio(name, mean_share)
     return out
 
 
