@@ -19,7 +19,6 @@ from mtprun.runner.trainer.context_parallel import TokenShard
 from mtprun.runner.trainer.gated_delta_net import ContextParallelPlan
 
 from .gloo_pool import gloo_pool
-from .layout_check import check_trains_like_one_process
 from .qwen3_5_folders import build_qwen3_5_folder
 
 # Packed rows (sequence lengths) and how cp=2 cuts them into 4 chunks:
@@ -187,16 +186,3 @@ def test_cp2_gives_the_hidden_states_and_gradients_of_one_process(qwen3_5_dir):
         summed = ranks[0][1][name] + ranks[1][1][name]
         scale = grad.abs().max().item()
         torch.testing.assert_close(summed, grad, rtol=1e-4, atol=1e-4 * scale, msg=name)
-
-
-@pytest.fixture(scope="module")
-def one_process(megatron_tp1):
-    """The one-process run of `check_trains_like_one_process` (this process, tp=cp=1)."""
-    return {}
-
-
-def test_cp2_trains_like_one_process(one_process, qwen3_5_dir):
-    """Two AdamW steps through the trainer (its head loss on each rank's share, gradients
-    summed over the context-parallel ranks): loss and grad norm within 1e-4, the weights after
-    them equal (`layout_check`)."""
-    check_trains_like_one_process(qwen3_5_dir, {"cp": 2}, one_process)

@@ -165,11 +165,12 @@ def one_process(megatron_tp1):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
+@pytest.mark.parametrize("layout", [{"tp": 2}, {"pp": 2}, {"cp": 2}], ids=["tp2", "pp2", "cp2"])
 def test_layouts_train_like_one_process(one_process, qwen3_5_dir, layout):
-    """tp=2 (each rank one GDN key head with its two value heads, one attention group) and
-    pp=2 (stage 0: two GDN layers; stage 1: a GDN and the attention layer, by whole-model
-    layer index) train as one process does."""
+    """tp=2 (each rank one GDN key head with its two value heads, one attention group), pp=2
+    (stage 0: two GDN layers; stage 1: a GDN and the attention layer, by whole-model layer
+    index) and cp=2 (the GDN layers hand their conv window and state across the ranks' chunks,
+    test_gated_delta_context_parallel.py) train as one process does."""
     check_trains_like_one_process(qwen3_5_dir, layout, one_process)
 
 
