@@ -65,32 +65,29 @@ def fla_backward_is_safe() -> bool:
 def fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Tensor:
     """fla's chunk_gated_delta_rule on the packed row (batch 1, varlen), or its forward with
     the torch backward where fla's is unsafe (warned once)."""
-    if require_gdn_kernels() == FLA_BACKWARD or not torch.is_grad_enabled():
+    if _fla_backward():
         return _fla_forward(q, k, v, g, beta, cu_seqlens, scale)
+    return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale)
+
+
+def _fla_backward() -> bool:
+    """Whether fla's own backward serves this call (or none is needed); else warn, once, that
+    the torch backward will."""
+    if require_gdn_kernels() == FLA_BACKWARD or not torch.is_grad_enabled():
+        return True
     if not FlaForwardTorchBackward.warned:
         FlaForwardTorchBackward.warned = True
         warnings.warn(
             f"gated delta rule backward: {TORCH_BACKWARD}; upgrade triton to >= 3.7.1 or "
             "pip install tilelang for fla's faster backward",
-            stacklevel=3,
+            stacklevel=4,
         )
-    return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale)
+    return False
 
 
 def _fla_forward(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Tensor:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    o, _ = chunk_gated_delta_rule(
-        q.unsqueeze(0),
-        k.unsqueeze(0),
-        v.unsqueeze(0),
-        g.unsqueeze(0),
-        beta.unsqueeze(0),
-        scale=scale,
-        output_final_state=False,
-        **_fla_varlen(cu_seqlens, q.device),
-    )
-    return o.squeeze(0).to(v.dtype)
+    o, _ = _fla_chunk(q, k, v, g, beta, cu_seqlens, scale, None, final_state=False)
+    return o
 
 
 def fla_gated_delta_rule_states(
@@ -101,21 +98,23 @@ def fla_gated_delta_rule_states(
     fla's is unsafe (warned once, as `fla_gated_delta_rule`)."""
     if initial_state is not None:
         initial_state = initial_state.float()
-    if require_gdn_kernels() == FLA_BACKWARD or not torch.is_grad_enabled():
+    if _fla_backward():
         return _fla_forward_states(q, k, v, g, beta, cu_seqlens, scale, initial_state)
-    if not FlaForwardTorchBackward.warned:
-        FlaForwardTorchBackward.warned = True
-        warnings.warn(
-            f"gated delta rule backward: {TORCH_BACKWARD}; upgrade triton to >= 3.7.1 or "
-            "pip install tilelang for fla's faster backward",
-            stacklevel=3,
-        )
     return FlaStatesForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, initial_state)
 
 
 def _fla_forward_states(
     q, k, v, g, beta, cu_seqlens, scale: float, initial_state: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    o, final = _fla_chunk(q, k, v, g, beta, cu_seqlens, scale, initial_state, final_state=True)
+    return o, final.float()
+
+
+def _fla_chunk(
+    q, k, v, g, beta, cu_seqlens, scale: float, initial_state, final_state: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fla's chunk_gated_delta_rule on the packed row (batch 1, varlen): o in v's dtype and,
+    with `final_state`, the final states as fla returns them."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
     o, final = chunk_gated_delta_rule(
@@ -126,10 +125,10 @@ def _fla_forward_states(
         beta.unsqueeze(0),
         scale=scale,
         initial_state=initial_state,
-        output_final_state=True,
+        output_final_state=final_state,
         **_fla_varlen(cu_seqlens, q.device),
     )
-    return o.squeeze(0).to(v.dtype), final.float()
+    return o.squeeze(0).to(v.dtype), final
 
 
 class FlaStatesForwardTorchBackward(torch.autograd.Function):
