@@ -19,10 +19,7 @@ import warnings
 
 import torch
 
-from mtprun.kernels.gated_delta_torch import (
-    chunk_gated_delta_rule_states_torch,
-    chunk_gated_delta_rule_torch,
-)
+from mtprun.kernels.gated_delta_torch import chunk_gated_delta_rule_states_torch
 
 FLA_INSTALL_HINT = (
     "pip install fla-core==0.6.0 (flash-linear-attention's Triton kernels, "
@@ -67,7 +64,8 @@ def fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Te
     the torch backward where fla's is unsafe (warned once)."""
     if _fla_backward():
         return _fla_forward(q, k, v, g, beta, cu_seqlens, scale)
-    return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale)
+    o, _ = FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, None)
+    return o
 
 
 def _fla_backward() -> bool:
@@ -100,7 +98,7 @@ def fla_gated_delta_rule_states(
         initial_state = initial_state.float()
     if _fla_backward():
         return _fla_forward_states(q, k, v, g, beta, cu_seqlens, scale, initial_state)
-    return FlaStatesForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, initial_state)
+    return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, initial_state)
 
 
 def _fla_forward_states(
@@ -131,12 +129,15 @@ def _fla_chunk(
     return o.squeeze(0).to(v.dtype), final
 
 
-class FlaStatesForwardTorchBackward(torch.autograd.Function):
-    """`fla_gated_delta_rule_states` with the gradients from the torch chunked algorithm:
+class FlaForwardTorchBackward(torch.autograd.Function):
+    """o and the final states from fla's forward kernels; the gradients from the torch chunked
+    algorithm, recomputed in the backward (float32) and differentiated by autograd:
     q, k [T, Hk, Dk], v [T, H, Dv], g, beta [T, H], cu_seqlens [S+1], initial_state
-    [S, H, Dk, Dv] float32 or None -> o [T, H, Dv], final states [S, H, Dk, Dv] float32.
-    No collectives. Saved for backward: the inputs only; the backward recomputes the layer in
-    float32 and differentiates o and the final states together."""
+    [S, H, Dk, Dv] float32 or None (zeros) -> o [T, H, Dv], final states [S, H, Dk, Dv] float32
+    (an unused output's gradient is zero). No collectives. Saved for backward: the inputs only
+    (the recomputation's graph lives during this layer's backward alone)."""
+
+    warned = False
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, cu_seqlens, scale: float, initial_state):
@@ -164,35 +165,6 @@ class FlaStatesForwardTorchBackward(torch.autograd.Function):
             grads = iter(torch.autograd.grad((o, final), needed, (grad_o, grad_final)))
         *first, last = (next(grads) if w else None for w in wanted)
         return (*first, None, None, last)
-
-
-class FlaForwardTorchBackward(torch.autograd.Function):
-    """o from fla's forward kernels; the gradients from the torch chunked algorithm, recomputed
-    in the backward (float32) and differentiated by autograd.
-
-    Saved for backward: the inputs q, k, v, g, beta and cu_seqlens only (the recomputation's
-    graph lives during this layer's backward alone).
-    """
-
-    warned = False
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, cu_seqlens, scale: float):
-        ctx.save_for_backward(q, k, v, g, beta, cu_seqlens)
-        ctx.scale = scale
-        return _fla_forward(q, k, v, g, beta, cu_seqlens, scale)
-
-    @staticmethod
-    def backward(ctx, grad_o):
-        inputs = ctx.saved_tensors[:5]
-        cu_seqlens = ctx.saved_tensors[5]
-        wanted = ctx.needs_input_grad[:5]
-        with torch.enable_grad():
-            leaves = [x.detach().requires_grad_(w) for x, w in zip(inputs, wanted, strict=True)]
-            o = chunk_gated_delta_rule_torch(*leaves, cu_seqlens.cpu(), ctx.scale)
-            needed = [x for x, w in zip(leaves, wanted, strict=True) if w]
-            grads = iter(torch.autograd.grad(o, needed, grad_o))
-        return (*(next(grads) if w else None for w in wanted), None, None)
 
 
 def fla_causal_conv1d(x, weight, bias, cu_seqlens, activation) -> torch.Tensor:

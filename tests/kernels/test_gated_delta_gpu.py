@@ -119,7 +119,7 @@ def test_fla_forward_torch_backward_matches_float64_recurrence(
     cu_seqlens = inputs.pop("cu_seqlens")
 
     def fallback(q, k, v, g, beta, cu_seqlens):
-        return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, 128**-0.5)
+        return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, 128**-0.5, None)[0]
 
     errors = run_gdn(inputs, cu_seqlens, fallback)
     print(f"fla forward + torch backward {dtype_name}:", {n: f"{e:.1e}" for n, e in errors.items()})
@@ -181,7 +181,7 @@ def test_speed_report() -> None:
         function(*args, cu_seqlens).backward(torch.ones_like(args[2]))
 
     def fallback(*inputs):
-        return FlaForwardTorchBackward.apply(*inputs, dim**-0.5)
+        return FlaForwardTorchBackward.apply(*inputs, dim**-0.5, None)[0]
 
     def torch_only(*inputs):
         return chunk_gated_delta_rule_torch(*inputs, dim**-0.5)
