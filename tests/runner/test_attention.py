@@ -1,6 +1,8 @@
 """Packed attention: the FlexAttention block mask against the dense packed causal mask, its
 output and the padded-batch SDPA path's against a float64 reference (GQA, context-parallel
-shares), when the padded layout is taken, and recomputation modes against none."""
+shares), the context-parallel pieces' merged attention for every rank of a simulated group
+against the whole row's, when the padded layout is taken, and recomputation modes against
+none."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from mtprun.runner.trainer.attention import (
     BLOCK,
     PADDED_WORK_LIMIT,
     PaddedRows,
+    SequencePieces,
     SequenceSpans,
+    _merged_pieces,
     _sdpa_padded,
     _sdpa_spans,
     packed_block_mask,
@@ -146,6 +150,65 @@ def test_padded_sdpa_matches_float64_masked_softmax(lengths):
 def test_per_sequence_sdpa_matches_float64_masked_softmax(lengths):
     attend = partial(_sdpa_spans, spans=SequenceSpans.of(lengths))
     _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + 1)
+
+
+def _simulated_context_parallel(q, k, v, cu_seqlens, cp):
+    """q [T, 1, heads, d], k/v [T, 1, groups, d] of the whole row -> [T, 1, heads * d]: every
+    rank of a cp group of `cp` attends its queries over the keys and values of all ranks,
+    gathered by hand as `gather_keys` does (rank by rank, each padded to the width); each
+    rank's output put back at its tokens' row positions."""
+    tokens = q.shape[0]
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    shards = [TokenShard(rank, cp, tokens) for rank in range(cp)]
+
+    def gathered(x):
+        width = shards[0].width
+        return torch.cat(
+            [
+                torch.cat([x[s.index], x.new_zeros(width - len(s.index), *x.shape[1:])])
+                for s in shards
+            ]
+        )
+
+    out = q.new_zeros(tokens, 1, q.shape[2] * v.shape[-1])
+    for shard in shards:
+        pieces = SequencePieces.of(cu_seqlens, lengths, shard, "cpu")
+        local = _merged_pieces(q[shard.index], gathered(k), gathered(v), pieces)
+        out = out.index_add(0, shard.index, local)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("lengths", "cp"),
+    [
+        ([64], 2),  # one sequence
+        ([40, 40], 2),  # a boundary on a chunk edge
+        ([30, 51, 17], 3),  # boundaries inside chunks
+        ([5, 90, 2], 4),  # sequences shorter than a chunk, one across four chunks
+        ([3, 1, 4, 9], 2),  # chunks of several sequences
+    ],
+)
+def test_context_parallel_pieces_give_the_whole_rows_attention(lengths, cp):
+    attend = partial(
+        _simulated_context_parallel,
+        cu_seqlens=torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]),
+        cp=cp,
+    )
+    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + cp)
+
+
+def test_sequence_pieces_cut_the_local_chunks_at_sequence_starts():
+    # 20 tokens, cp=2: chunks [0, 5) [5, 10) [10, 15) [15, 20); rank 1 holds [5, 10) and
+    # [10, 15), local queries 0-4 and 5-9. Sequences [0, 7), [7, 12), [12, 20).
+    cu_seqlens = torch.tensor([0, 7, 12, 20])
+    pieces = SequencePieces.of(cu_seqlens, [7, 5, 8], TokenShard(1, 2, 20), "cpu")
+    assert pieces.pieces == ((0, 2, 0, 7), (2, 5, 7, 10), (5, 7, 7, 12), (7, 10, 12, 15))
+    assert pieces.width == 10
+    # Gathered keys rank by rank: rank 0 holds [0, 5) and [15, 20), rank 1 [5, 15).
+    assert pieces.key_order.tolist() == [*range(5), *range(10, 20), *range(5, 10)]
+    assert pieces.block_mask.seq_lengths == (10, 20)
+    with pytest.raises(ValueError, match=r"cu_seqlens covers 19 tokens but the batch has 20"):
+        SequencePieces.of(cu_seqlens, [7, 5, 7], TokenShard(1, 2, 20), "cpu")
 
 
 def test_sequence_spans_are_the_rows_sequences():

@@ -6,9 +6,13 @@ The packed row of T tokens is cut into 2*cp near-equal chunks and rank r holds c
 Everything but attention works token by token on the local share; attention all-gathers every
 rank's keys and values (each rank's padded to the same width, `gather_keys`) and masks them
 with the packed causal mask between the local queries' and the gathered keys' positions in
-the row (`mtprun.runner.trainer.attention`). Gated DeltaNet layers (Qwen3.5) also reach across
-chunk edges: they gather the conv inputs and recurrent states that their chunks hand on
-(`mtprun.runner.trainer.gated_delta_net.ContextParallelPlan`).
+the row (`mtprun.runner.trainer.attention`). On CUDA a row of a few sequences takes no mask:
+the gathered keys are put back in row order, and each piece of a sequence in a local chunk
+attends its sequence's keys up to the piece's end as two fused-kernel blocks (the causal
+square on the diagonal, the unmasked keys before it) merged by their log-sum-exp
+(`SequencePieces`, `mtprun.kernels.merged_attention`). Gated DeltaNet layers (Qwen3.5)
+also reach across chunk edges: they gather the conv inputs and recurrent states that their
+chunks hand on (`mtprun.runner.trainer.gated_delta_net.ContextParallelPlan`).
 """
 
 from __future__ import annotations
