@@ -11,7 +11,7 @@ import torch
 
 from .gloo_pool import gloo_pool
 
-EXPERTS, TOP_K, HIDDEN, WIDTH = 6, 2, 16, 8
+EXPERTS, TOP_K, HIDDEN, WIDTH = 6, 2, 32, 16
 # Experts each rank never routes to: expert 4 gets no token, 1 none from rank 0, 5 none from 1.
 AVOIDED = {0: (1, 4), 1: (4, 5)}
 TOKENS = {0: 13, 1: 7}
