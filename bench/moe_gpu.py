@@ -9,10 +9,8 @@ one micro batch: bf16 weights, AdamW, grad clip 1.0, cross-entropy on 70% of the
 mtprun as in `trainer_gpu.py` (float32 main gradients, distributed optimizer); transformers
 with SDPA, its grouped-GEMM experts, a float32 full-logit loss and torch's fused AdamW on the
 bf16 weights. With `--ep N` only mtprun runs, on N GPUs as dp=N, ep=N (each rank its own
-tokens and 128/N experts), once per `--ep-chunks` value (`parallel.ep_chunks`: the expert
-exchange in that many overlapped chunks, 1: megatron-core's dispatcher unchunked, e.g.
-`--ep-chunks 1,2` measures both in one call); the last rank reports. Median of the timed
-steps after the warm-up ones; each row printed as a JSON line.
+tokens and 128/N experts); the last rank reports. Median of the timed steps after the
+warm-up ones; each row printed as a JSON line.
 
 MFU counts the parameters a token uses: [6 (active non-embedding params + H V) tokens +
 6 L Q s tokens] / step / (peak x GPUs), active = attention + norms + router + top_k experts
@@ -20,7 +18,6 @@ per layer; Q = heads x head_dim (4096), s the sequence length.
 
     python bench/moe_gpu.py                                   # (b): 4 layers, one H100
     python bench/moe_gpu.py --layers 8 --ep 2 --trainers mtprun   # (c): two GPUs
-    python bench/moe_gpu.py --layers 8 --ep 2 --trainers mtprun --ep-chunks 1,2
     python bench/moe_gpu.py --cpu-dry-run                     # tiny sizes on CPU
 """
 
@@ -178,7 +175,7 @@ def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> 
     lengths = [args.seq] * (args.step_tokens // args.seq)
     batch = random_batch(shape.vocab, args.step_tokens, 0, False, args.device, lengths)
     row = {"trainer": trainer, "layers": shape.layers, "ep": layout.get("ep", 1),
-           "ep_chunks": layout.get("ep_chunks", 1), "tokens_per_gpu": args.step_tokens}  # fmt: skip
+           "tokens_per_gpu": args.step_tokens}  # fmt: skip
     if trainer == "mtprun":
         row["optimizer_state"] = args.optimizer_state
     try:
@@ -227,9 +224,6 @@ def main() -> None:
         "--hf-experts", default="grouped_mm", help="transformers' experts_implementation"
     )
     parser.add_argument("--ep", type=int, default=1, help="GPUs as dp=ep=N (mtprun only)")
-    parser.add_argument(
-        "--ep-chunks", default="2", help="with --ep: comma-separated parallel.ep_chunks, a row each"
-    )
     parser.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     parser.add_argument(
         "--optimizer-state", default="float32", choices=("float32", "bfloat16"),
@@ -250,11 +244,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder(shape, args.seq, Path(tmp), args.device)
         if args.ep > 1:
-            for chunks in map(int, args.ep_chunks.split(",")):
-                layout = {"dp": args.ep, "ep": args.ep, "ep_chunks": chunks}
-                rows += spawn_ranks(_rank_process, args.ep, (folder, shape, args, layout),
-                                    gpus=args.device == "cuda")  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
+            layout = {"dp": args.ep, "ep": args.ep}
+            rows = spawn_ranks(_rank_process, args.ep, (folder, shape, args, layout),
+                               gpus=args.device == "cuda")  # fmt: skip
+            print(json.dumps(rows[0]), flush=True)
         else:
             for trainer in args.trainers.split(","):
                 rows.append(measure(trainer, folder, shape, args, {}))

@@ -455,7 +455,6 @@ def _experts_layout(recipe: Recipe, memory: TrainerMemory | str) -> dict | None:
         "shared_intermediate": moe.shared_intermediate,
         "router": _router(shape),
         "ep": ep,
-        "ep_chunks": recipe.parallel.ep_chunks,
         "experts_per_rank": moe.count // ep,
         "sparse_layers": len(sparse),
         "dense_layers": [i for i in range(shape.layers) if not shape.is_moe_layer(i)],
@@ -520,19 +519,7 @@ def _experts_table(layout: dict) -> Table:
         "expert gradients",
         f"{summed}; the gradient norm sums the experts' squares over the expert-parallel group",
     )
-    table.add_row("expert exchange", _exchange(ep, layout["ep_chunks"]))
     return table
-
-
-def _exchange(ep: int, chunks: int) -> str:
-    if ep == 1:
-        return "none: every expert on each rank (parallel.ep 1; parallel.ep_chunks does not apply)"
-    if chunks == 1:
-        return "one all-to-all each way a sparse layer, not overlapped (parallel.ep_chunks 1)"
-    return (
-        f"a sparse layer's tokens in {chunks} chunks (parallel.ep_chunks), each chunk's "
-        "all-to-all overlapping another chunk's experts, forward and backward"
-    )
 
 
 def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:

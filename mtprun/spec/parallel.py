@@ -19,14 +19,6 @@ class ParallelSection(Section):
         "data-parallel ranks splits every layer's experts among them. It divides dp and the "
         "experts, and adds no processes.",
     )
-    ep_chunks: int = Field(
-        2,
-        ge=1,
-        description="With ep > 1: each sparse layer's tokens go to their experts' ranks and "
-        "back in this many chunks, each chunk's all-to-all exchange overlapping another "
-        "chunk's experts (forward and backward); 1: one exchange each way, not overlapped. "
-        "Without expert parallelism there is no exchange and it does not apply.",
-    )
 
     @property
     def world_size(self) -> int:

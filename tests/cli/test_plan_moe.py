@@ -85,10 +85,6 @@ def test_plan_shows_the_experts_per_rank_of_a_tiny_moe(capsys, monkeypatch) -> N
     assert "experts per rank │ 8 of 8 a sparse layer (parallel.ep 1: 8 / 1); 16 on a rank" in out
     assert "expert parameters per rank │ 0.39 M" in out  # 2 layers x 8 x 3 x 128 x 64
     assert "each expert lives on one rank (dp x cp / ep = 1): not summed" in out
-    assert (
-        "expert exchange │ none: every expert on each rank (parallel.ep 1; parallel.ep_chunks "
-        in out
-    )
     assert "512 tokens x 2 layers (2 sparse) x 1 micro batch in flight" in out
 
 
@@ -125,9 +121,6 @@ def test_plan_shows_a_qwen3_30b_a3b_split_over_eight_expert_parallel_ranks(
     assert "layers │ 46 sparse, 2 dense (0, 1)" in out
     assert "32 of 128 a sparse layer (parallel.ep 4: 128 / 4); 1472 on a rank" in out
     assert "summed over the 2 ranks that hold the same experts (dp x cp / ep)" in out
-    assert "a sparse layer's tokens in 2 chunks (parallel.ep_chunks), each chunk's" in out
-    out = _plan(capsys, TINY_MOE, *overrides, "parallel.ep_chunks=1")
-    assert "one all-to-all each way a sparse layer, not overlapped (parallel.ep_chunks 1)" in out
 
 
 def test_plan_json_carries_trunk_terms_and_the_experts(tmp_path, capsys) -> None:
@@ -151,7 +144,6 @@ def test_plan_json_carries_trunk_terms_and_the_experts(tmp_path, capsys) -> None
         "shared_intermediate": 0,
         "router": "softmax, top-k renormalised",
         "ep": 8,
-        "ep_chunks": 2,
         "experts_per_rank": 16,
         "sparse_layers": 48,
         "dense_layers": [],

@@ -31,8 +31,6 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.moe_layer import MoELayer
 
-from mtprun.runner.trainer.expert_exchange import exchange_routed_experts
-
 # megatron-core 0.16's router GEMM tests `te_general_gemm is not None`, but without Transformer
 # Engine the name is never bound (NameError); unbound means "no TE": its torch path runs.
 if not hasattr(moe_utils, "te_general_gemm"):
@@ -98,78 +96,23 @@ class TensorParallelMoELayer(MoELayer):
     expert-data-parallel group. One process (tp 1) runs megatron-core's layer unchanged.
     """
 
-    def __init__(
-        self,
-        config: TransformerConfig,
-        submodules: Any = None,
-        exchange_chunks: int = 1,
-        **kwargs: Any,
-    ):
+    def __init__(self, config: TransformerConfig, submodules: Any = None, **kwargs: Any):
         self.split_tokens = parallel_state.get_tensor_model_parallel_world_size() > 1
         if self.split_tokens:
             config = copy.copy(config)
             config.sequence_parallel = True
         super().__init__(config, submodules, **kwargs)
-        # Chunks of the expert-parallel exchange overlapped with the experts
-        # (`expert_exchange`); 1, or no exchange (ep 1): megatron-core's dispatcher as is.
-        self.exchange_chunks = exchange_chunks if config.expert_model_parallel_size > 1 else 1
-        if self.exchange_chunks > 1:
-            _check_overlappable(config, self.moe_layer_recompute)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        intermediate_tensors: Any = None,
-        padding_mask: torch.Tensor | None = None,
-    ):
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.split_tokens:
-            return self._local_forward(hidden_states, intermediate_tensors, padding_mask)
+            return super().forward(hidden_states, *args, **kwargs)
         tokens, tp = hidden_states.shape[0], self.tp_group.size()
         pad = -tokens % tp
         if pad:
             hidden_states = F.pad(hidden_states, (0, 0, 0, 0, 0, pad))
         local = scatter_to_sequence_parallel_region(hidden_states, group=self.tp_group)
-        output, bias = self._local_forward(local, intermediate_tensors, padding_mask)
+        output, bias = super().forward(local, *args, **kwargs)
         output = gather_from_sequence_parallel_region(
             output, tensor_parallel_output_grad=False, group=self.tp_group
         )
         return output[:tokens], bias
-
-    def _local_forward(
-        self,
-        hidden_states: torch.Tensor,
-        intermediate_tensors: Any = None,
-        padding_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, None]:
-        """This rank's tokens [T, 1, H] through megatron-core's layer, or with its exchange
-        chunked and overlapped: megatron-core's steps of `MoELayer.forward` (shared expert,
-        router) around `exchange_routed_experts` in place of dispatch -> experts -> combine."""
-        if self.exchange_chunks == 1:
-            return super().forward(hidden_states, intermediate_tensors, padding_mask)
-        if padding_mask is not None:  # [b, s] -> [s, b], as megatron-core's forward does
-            padding_mask = padding_mask.transpose(0, 1).bool()
-        shared = self.shared_experts_compute(hidden_states)
-        probs, routing_map = self.route(hidden_states, padding_mask)
-        output = exchange_routed_experts(
-            hidden_states, probs, routing_map, self.experts, self.token_dispatcher,
-            self.exchange_chunks,
-        )  # fmt: skip
-        return (output if shared is None else output + shared), None
-
-
-def _check_overlappable(config: TransformerConfig, moe_layer_recompute: bool) -> None:
-    """The overlapped exchange reimplements the dropless all-to-all dispatch of whole experts
-    (mtprun's MoE configuration): refuse any other."""
-    other = {
-        "moe_token_dispatcher_type": config.moe_token_dispatcher_type != "alltoall",
-        "expert_tensor_parallel_size": config.expert_tensor_parallel_size != 1,
-        "moe_expert_capacity_factor": config.moe_expert_capacity_factor is not None,
-        "moe_router_padding_for_quantization": config.moe_router_padding_for_quantization,
-        "moe_permute_fusion": config.moe_permute_fusion,
-        "moe_shared_expert_overlap": config.moe_shared_expert_overlap,
-        "moe_latent_size": bool(config.moe_latent_size),
-        "moe_layer_recompute": moe_layer_recompute,
-    }
-    if any(other.values()):
-        names = ", ".join(name for name, set_ in other.items() if set_)
-        raise ValueError(f"the overlapped expert exchange (ep_chunks > 1) does not support {names}")

@@ -40,14 +40,12 @@ def decoder_layer_spec(
     experts: int | None = None,
     zero_centered_norm: bool = False,
     linear_attention: LinearAttentionShape | None = None,
-    exchange_chunks: int = 1,
 ) -> ModuleSpec:
     """Megatron-core's local transformer layer, with per-head q/k RMSNorms if `qk_layernorm`
     (`ModelShape.megatron_layer_options`), its core attention packed (flash-class on CUDA) and
     context-parallel; its MLP dense, with the activation a kernel where the config asks for
     one, or with `experts` a megatron-core MoE layer whose routed experts are
-    `GroupedExperts`, its expert-parallel exchange in `exchange_chunks` overlapped chunks
-    (`expert_exchange`). `zero_centered_norm`: its RMSNorms apply (1 + w) (Qwen3.5);
+    `GroupedExperts`. `zero_centered_norm`: its RMSNorms apply (1 + w) (Qwen3.5);
     `linear_attention`: a Gated DeltaNet of those sizes in the attention's place."""
     spec = get_gpt_layer_local_spec(
         num_experts=experts, normalization="RMSNorm", qk_layernorm=qk_layernorm
@@ -67,17 +65,13 @@ def decoder_layer_spec(
         layer.mlp.submodules.activation_func = SwiGLUActivation
     else:
         layer.mlp.module = TensorParallelMoELayer
-        layer.mlp.params = {**layer.mlp.params, "exchange_chunks": exchange_chunks}
         layer.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
     return spec
 
 
-def stage_layer_specs(
-    shape: ModelShape, stage: PipelineStage, exchange_chunks: int = 1
-) -> TransformerBlockSubmodules:
+def stage_layer_specs(shape: ModelShape, stage: PipelineStage) -> TransformerBlockSubmodules:
     """The layer spec of each decoder layer of `stage`, by whole-model layer index: sparse
-    layers (`shape.is_moe_layer`) carry the experts (their exchange in `exchange_chunks`
-    overlapped chunks), dense ones the dense MLP; a hybrid
+    layers (`shape.is_moe_layer`) carry the experts, dense ones the dense MLP; a hybrid
     model's linear-attention layers (`shape.is_linear_attention_layer`) a Gated DeltaNet."""
     qk = shape.megatron_layer_options()["qk_layernorm"]
     count = shape.experts.count if shape.experts else None
@@ -88,7 +82,6 @@ def stage_layer_specs(
             count if shape.is_moe_layer(i) else None,
             shape.zero_centered_norm,
             shape.linear_attention if shape.is_linear_attention_layer(i) else None,
-            exchange_chunks,
         )
         for i in layers
     ]

@@ -119,13 +119,10 @@ def transformer_config(
 
 @dataclass(frozen=True)
 class MoEOptions:
-    """How the trainer runs a mixture-of-experts model: `ep` expert-parallel ranks, each
-    sparse layer's exchange among them in `ep_chunks` chunks overlapped with the experts
-    (`expert_exchange`; 1: megatron-core's dispatcher as is), and the router's trunk losses
-    (load-balancing `aux_loss_coef`, router `z_loss_coef`; 0: off)."""
+    """How the trainer runs a mixture-of-experts model: `ep` expert-parallel ranks, and the
+    router's trunk losses (load-balancing `aux_loss_coef`, router `z_loss_coef`; 0: off)."""
 
     ep: int = 1
-    ep_chunks: int = 1
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
 
@@ -200,7 +197,6 @@ class MTPLayer(torch.nn.Module):
         embedding_first: bool = False,
         experts: int | None = None,
         zero_centered_norm: bool = False,
-        exchange_chunks: int = 1,
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layernorm_epsilon
@@ -220,9 +216,7 @@ class MTPLayer(torch.nn.Module):
             config.moe_router_load_balancing_type, config.moe_aux_loss_coeff = "none", 0.0
             config.moe_z_loss_coeff = None
         self.decoder_layer = build_module(
-            decoder_layer_spec(
-                config.qk_layernorm, experts, zero_centered_norm, exchange_chunks=exchange_chunks
-            ),
+            decoder_layer_spec(config.qk_layernorm, experts, zero_centered_norm),
             config=config,
             layer_number=layer_number,
         )
@@ -258,11 +252,10 @@ class PolicyModel(GPTModel):
         moe: MoEOptions | None = None,
     ) -> None:
         stage = stage or PipelineStage(0, 1, shape.layers)
-        moe = moe or MoEOptions()
         config = transformer_config(shape, stage.size, recompute, dtype, fused, moe)
         super().__init__(
             config=config,
-            transformer_layer_spec=stage_layer_specs(shape, stage, moe.ep_chunks),
+            transformer_layer_spec=stage_layer_specs(shape, stage),
             vocab_size=shape.vocab,
             max_sequence_length=shape.max_seq_len,
             pre_process=stage.first,
@@ -287,7 +280,6 @@ class PolicyModel(GPTModel):
                 embedding_first=bool(family and family.mtp_embedding_first),
                 experts=experts,
                 zero_centered_norm=shape.zero_centered_norm,
-                exchange_chunks=moe.ep_chunks,
             )
             for i in range(mtp_layers)
         )

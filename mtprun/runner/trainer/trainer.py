@@ -512,7 +512,6 @@ def moe_options(recipe: Recipe) -> MoEOptions:
     coefs = {t.kind: t.weight for t in recipe.losses if t.kind in ("router_aux", "router_z")}
     return MoEOptions(
         ep=recipe.parallel.ep,
-        ep_chunks=recipe.parallel.ep_chunks,
         aux_loss_coef=coefs.get("router_aux", 0.0),
         z_loss_coef=coefs.get("router_z", 0.0),
     )
