@@ -116,21 +116,26 @@ def _float64_packed_attention(q, k, v, cu_seqlens):
     return out.transpose(0, 1).flatten(1)
 
 
-def _assert_matches_float64_masked_softmax(attend, lengths: list[int], seed: int) -> None:
+def _assert_matches_float64_masked_softmax(
+    attend, lengths: list[int], seed: int, grads: bool = True
+) -> None:
     """`attend(q, k, v)` ([T, 1, heads|groups, d] -> [T, 1, heads * d]) against float64
-    per-sequence causal attention, output and gradients, on fresh random inputs."""
+    per-sequence causal attention, output and (with `grads`) gradients, on fresh random
+    inputs."""
     g = torch.Generator().manual_seed(seed)
     heads, groups, dim = 6, 2, 16
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     tokens = sum(lengths)
-    q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(tokens, 1, heads, dim, generator=g, dtype=torch.float64, requires_grad=grads)
     k, v = (
-        torch.randn(tokens, 1, groups, dim, generator=g, dtype=torch.float64, requires_grad=True)
+        torch.randn(tokens, 1, groups, dim, generator=g, dtype=torch.float64, requires_grad=grads)
         for _ in range(2)
     )
     out = attend(q, k, v)[:, 0]
     want = _float64_packed_attention(q[:, 0], k[:, 0], v[:, 0], cu_seqlens)
     torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+    if not grads:
+        return
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), grad)
     expected = torch.autograd.grad(want, (q, k, v), grad)
@@ -213,6 +218,28 @@ def test_sequence_pieces_cut_the_local_chunks_at_sequence_starts():
 
 def test_sequence_spans_are_the_rows_sequences():
     assert SequenceSpans.of([5, 1, 3]).spans == ((0, 5), (5, 6), (6, 9))
+    assert SequenceSpans.of([5, 1, 3], own=(0, 2)).spans == ((0, 5), (6, 9))
+
+
+@pytest.mark.parametrize(
+    ("lengths", "own"),
+    [([300, 40, 7, 90, 200, 5], (0, 4)), ([20, 260, 33], (1,)), ([150, 9, 130], (0, 2))],
+)
+def test_long_sequences_by_sdpa_and_the_rest_by_flex_match_float64_masked_softmax(lengths, own):
+    # The spans' sequences through SDPA, the others (first, between, last) through
+    # FlexAttention's mask that leaves the spans out. Forward only: FlexAttention has no
+    # backward on the CPU (tests/runner/test_attention_gpu.py checks the gradients).
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    shard = TokenShard(0, 1, sum(lengths))
+    rest = packed_block_mask(cu_seqlens, shard, "cpu", skip=own)
+    seen = _block_mask_elements(rest)
+    dense = ~packed_causal_mask(cu_seqlens, shard, "cpu")[0, 0]
+    for i in own:  # the left-out sequences' rows and columns are seen by nobody
+        a, b = cu_seqlens[i].item(), cu_seqlens[i + 1].item()
+        dense[a:b], dense[:, a:b] = False, False
+    assert torch.equal(seen, dense)
+    attend = partial(_sdpa_spans, spans=SequenceSpans.of(lengths, own, rest))
+    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + 2, grads=False)
 
 
 def test_padded_layout_and_its_work_ratio():

@@ -23,6 +23,10 @@ Megatron's eight unfused ops per tensor) and applies the mask:
   (`mtprun.kernels.merged_attention`): cuDNN's speed under context parallelism too, where
   FlexAttention takes 1.5-1.8x its time. float32 (cuDNN takes half precision only) takes
   FlexAttention's block mask instead.
+- CUDA, more sequences, some of at least LONG_SEQUENCE tokens (no context parallelism): the
+  long ones through SDPA each on their span, the others through FlexAttention with a block
+  mask that sees only them (`SequenceSpans` with `rest`): a long-tailed RL row spends most of
+  its attention work in its few long sequences.
 - CUDA otherwise: FlexAttention with a block mask built from the sequences' extents. Block
   pairs that cross no sequence boundary and lie under the diagonal are full (no mask
   evaluated), pairs in different sequences or above the diagonal are skipped, the rest
@@ -56,6 +60,10 @@ PADDED_WORK_LIMIT = 1.5
 # 0.54 -> 0.43 s on an H100); 9 sequences of ~2k were even with FlexAttention, 14 of ~300
 # took 1.8x its time (a launch per sequence and layer).
 SPAN_LIMIT = 4
+# Sequences from which a row of more than SPAN_LIMIT runs each through SDPA on its own span,
+# the rest through FlexAttention: 4-12k-token sequences gained cuDNN's speed (above); at ~2k
+# the launch per sequence cost what cuDNN saved.
+LONG_SEQUENCE = 4096
 
 
 @dataclass(frozen=True)
@@ -69,7 +77,11 @@ class TokenLayout:
     key_pos: torch.Tensor
 
     @classmethod
-    def of(cls, cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> TokenLayout:
+    def of(
+        cls, cu_seqlens: torch.Tensor, shard: TokenShard, device: Any, skip: tuple[int, ...] = ()
+    ) -> TokenLayout:
+        """The layout of `shard`'s tokens; the sequences numbered in `skip` (attended
+        elsewhere) are seen by no query and see nothing (query id -2, key id -1)."""
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
         seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
         if seq_id.numel() != shard.num_tokens:
@@ -80,7 +92,12 @@ class TokenLayout:
         query = shard.index.to(device)
         key = shard.key_positions().to(device)
         key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
-        return cls(seq_id[query], query, key_seq, key)
+        query_seq = seq_id[query]
+        if skip:
+            skipped = torch.tensor(skip, device=device)
+            query_seq = torch.where(torch.isin(query_seq, skipped), -2, query_seq)
+            key_seq = torch.where(torch.isin(key_seq, skipped), -1, key_seq)
+        return cls(query_seq, query, key_seq, key)
 
     def visible(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Whether query index q sees key index k (broadcasting index tensors)."""
@@ -97,10 +114,13 @@ def packed_causal_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any)
     return (~layout.visible(q[:, None], k[None, :]))[None, None]
 
 
-def packed_block_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> BlockMask:
+def packed_block_mask(
+    cu_seqlens: torch.Tensor, shard: TokenShard, device: Any, skip: tuple[int, ...] = ()
+) -> BlockMask:
     """The same mask as a FlexAttention BlockMask, built from per-block extents of sequence
-    ids and positions ([T/128, T/128] work, no [T, T] tensor)."""
-    layout = TokenLayout.of(cu_seqlens, shard, device)
+    ids and positions ([T/128, T/128] work, no [T, T] tensor). The sequences numbered in
+    `skip` are left out: their blocks are empty, their queries' outputs zero."""
+    layout = TokenLayout.of(cu_seqlens, shard, device, skip)
     q_seq, q_pos = _block_extents(layout.query_seq), _block_extents(layout.query_pos)
     # Padding keys get sequence id -1 and position -1: a block holding one is never full.
     k_seq, k_pos = _block_extents(layout.key_seq), _block_extents(layout.key_pos)
@@ -110,8 +130,8 @@ def packed_block_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) 
         & (q_seq[0][:, None] == k_seq[0][None, :])
     )
     full = same_single_seq & (k_pos[1][None, :] <= q_pos[0][:, None]) & (k_pos[0][None, :] >= 0)
-    # Sequence ids and positions rise with the row position, so a block pair whose id
-    # ranges do not meet, or whose keys all come after its queries, sees nothing.
+    # A block pair whose id ranges do not meet, or whose keys all come after its queries
+    # (positions rise with the row position), sees nothing.
     disjoint = (k_seq[1][None, :] < q_seq[0][:, None]) | (k_seq[0][None, :] > q_seq[1][:, None])
     empty = disjoint | (k_pos[0][None, :] > q_pos[1][:, None]) | (k_seq[1][None, :] < 0)
     partial = ~(full | empty)
@@ -193,20 +213,32 @@ def packed_attention_mask(
             return PaddedRows.of(lengths, device)
         if len(lengths) <= SPAN_LIMIT:
             return SequenceSpans.of(lengths)
+        own = tuple(i for i, n in enumerate(lengths) if n >= LONG_SEQUENCE)
+        if own:
+            rest = packed_block_mask(cu_seqlens, shard, device, skip=own)
+            return SequenceSpans.of(lengths, own, rest)
     return packed_block_mask(cu_seqlens, shard, device)
 
 
 @dataclass(frozen=True)
 class SequenceSpans:
-    """A packed row's sequences as (start, end) token spans, for attention one sequence at a
-    time."""
+    """(start, end) token spans of a packed row's sequences that attention takes one at a
+    time; with `rest`, the row's other sequences, whose attention runs through FlexAttention
+    under that block mask (which leaves the spans' sequences out)."""
 
     spans: tuple[tuple[int, int], ...]
+    rest: BlockMask | None = None
 
     @classmethod
-    def of(cls, lengths: list[int]) -> SequenceSpans:
+    def of(
+        cls, lengths: list[int], own: tuple[int, ...] | None = None, rest: BlockMask | None = None
+    ) -> SequenceSpans:
+        """The spans of the sequences numbered in `own` (every sequence if None)."""
         ends = list(accumulate(lengths))
-        return cls(tuple(zip([0, *ends[:-1]], ends, strict=True)))
+        spans = tuple(zip([0, *ends[:-1]], ends, strict=True))
+        if own is not None:
+            spans = tuple(spans[i] for i in own)
+        return cls(spans, rest)
 
 
 @dataclass(frozen=True)
@@ -351,7 +383,9 @@ def _key_length(mask: torch.Tensor | BlockMask) -> int:
 def _flex(query, key, value, mask: BlockMask) -> torch.Tensor:
     """[T, 1, heads, d] query, [S, 1, groups, d] keys/values -> [T, 1, heads * d]."""
     q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-    out = _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=True)
+    # Compiled where it runs for real; on the CPU (tests) the eager reference computes it.
+    attend = _compiled_flex_attention() if q.is_cuda else flex_attention
+    out = attend(q, k, v, block_mask=mask, enable_gqa=True)
     return out.permute(2, 0, 1, 3).flatten(2)
 
 
@@ -376,15 +410,25 @@ def _sdpa_padded(query, key, value, rows: PaddedRows) -> torch.Tensor:
 
 def _sdpa_spans(query, key, value, spans: SequenceSpans) -> torch.Tensor:
     """[T, 1, heads, d] query, [T, 1, groups, d] keys/values -> [T, 1, heads * d], through
-    causal SDPA on each sequence's span of the row ([1, heads, n, d] views, GQA by the
-    kernel)."""
+    causal SDPA on each span of the row ([1, heads, n, d] views, GQA by the kernel), and
+    FlexAttention under `spans.rest` for the tokens between them."""
     q, k, v = (t.squeeze(1).transpose(0, 1) for t in (query, key, value))  # [heads, T, d]
-    outs = [
-        F.scaled_dot_product_attention(
-            q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True, enable_gqa=True
-        )[0]
-        for a, b in spans.spans
-    ]
+    rest = None  # [heads, T, dv]: FlexAttention's output for the tokens outside the spans
+    if spans.rest is not None:
+        rest = _flex(query, key, value, spans.rest).squeeze(1).unflatten(1, (q.shape[0], -1))
+        rest = rest.transpose(0, 1)
+    outs, done = [], 0
+    for a, b in spans.spans:
+        if a > done:
+            outs.append(rest[:, done:a])
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True, enable_gqa=True
+            )[0]
+        )
+        done = b
+    if done < q.shape[1]:
+        outs.append(rest[:, done:])
     return torch.cat(outs, 1).transpose(0, 1).flatten(1).unsqueeze(1)
 
 
