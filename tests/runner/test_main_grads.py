@@ -1,0 +1,154 @@
+"""megatron-core's DDP with `overlap_grad_reduce` (`mixed_precision.MainGrads`) on gloo: the
+float32 main gradients of several micro batches summed over two data-parallel replicas (or
+context-parallel ranks) equal one process's, with every parameter counted ready once in the
+last micro batch's backward (none missed: every bucket's reduce-scatter started before
+`finish`; none twice: refused).
+
+The bf16 trainer runs this path on CUDA only (megatron-core's optimizer needs it); here it
+wraps the float32 CPU trainer's model, with the token embedding's and the output layer's
+gradients added into main_grad outside autograd as on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mtprun.compiler import compile_recipe
+from mtprun.runner.trainer.trainer import Trainer, _trained_sequences
+
+from .conftest import make_recipe, random_packed_batch
+from .gloo_pool import gloo_pool
+from .qwen3_folders import build_qwen3_moe_folder
+
+MICRO_BATCHES = 4  # two a replica at dp=2: the first runs under no_sync
+
+
+def _micro_batches(vocab: int) -> list:
+    lengths = [[9, 14, 6], [20, 4], [11, 7, 5], [16]]
+    return [random_packed_batch(vocab, n, seed=30 + i) for i, n in enumerate(lengths)]
+
+
+def _dispatched(ddp) -> int:
+    """Bucket groups whose reduce-scatter is in flight."""
+    groups = ddp.bucket_groups + ddp.expert_parallel_bucket_groups
+    return sum(g.grad_reduce_handle is not None for g in groups)
+
+
+def _gather_buckets(ddp) -> None:
+    """Every rank's reduced slice of every bucket into every rank's buffer (what the
+    distributed optimizer's all-gather does for the weights)."""
+    for group in ddp.bucket_groups + ddp.expert_parallel_bucket_groups:
+        size = group.intra_distributed_optimizer_instance_size
+        rank = group.intra_distributed_optimizer_instance_rank
+        for bucket in group.buckets:
+            shard = bucket.grad_data.view(size, -1)[rank].clone()
+            dist.all_gather_into_tensor(
+                bucket.grad_data, shard, group=group.intra_distributed_optimizer_instance_group
+            )
+
+
+def _main_grads_job(rank: int, layout: dict[str, int], model_dir, sections, steps: int):
+    """Rank `rank` of `layout` (a pool worker): `steps` backwards over this replica's micro
+    batches (its share of their tokens under cp), each weighted by its share of all the
+    replicas' trained tokens, through MainGrads with buckets of a quarter of the model
+    (`sections`: the recipe's other sections).
+    Returns, per step, the in-flight bucket groups at each micro batch's forward and after
+    the backward (before `finish`); the number of bucket groups; the summed main gradients
+    after the last step, the routed experts' as whole-model slices (their first expert and
+    count)."""
+    from megatron.core import parallel_state
+
+    from mtprun.runner.trainer.mixed_precision import MainGrads
+    from mtprun.runner.trainer.pipeline import run_micro_batches
+
+    recipe = make_recipe(model_dir, parallel=layout, **sections)
+    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
+    batches = _micro_batches(trainer.shape.vocab)
+    total = sum(int(b.loss_mask.sum()) for b in batches)
+    rate = total / sum(_trained_sequences(b) for b in batches)
+    dp, dp_rank = layout.get("dp", 1), parallel_state.get_data_parallel_rank()
+    items = [
+        (b, int(b.loss_mask[trainer._shard(b).index].sum()) / total, rate)
+        for b in batches[dp_rank::dp]
+    ]
+    size = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    grads = MainGrads(trainer.model, bucket_size=size // 4)
+    groups = len(grads.ddp.bucket_groups + grads.ddp.expert_parallel_bucket_groups)
+    seen = []
+    for _ in range(steps):
+        grads.zero()
+        at_forward = []
+
+        def step(item, at_forward=at_forward):
+            at_forward.append(_dispatched(grads.ddp))
+            return trainer._train_micro_batch(item)
+
+        run_micro_batches(trainer.model, items, step)
+        seen.append((at_forward, _dispatched(grads.ddp)))
+        grads.finish()
+    _gather_buckets(grads.ddp)
+    summed = {n: p.main_grad.clone() for n, p in trainer.model.named_parameters()}
+    experts = trainer.shape.experts.count // trainer.ep_size if trainer.shape.experts else 0
+    first = parallel_state.get_expert_model_parallel_rank() * experts
+    return seen, groups, summed, (first, experts)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory, tokenizer):
+    return build_qwen3_moe_folder(tokenizer, tmp_path_factory.mktemp("qwen3_moe"), seed=0)
+
+
+# Selective recomputation: the MLPs' weights get their gradients in a nested backward.
+SELECTIVE = {"trainer": {"recompute": "selective"}}
+MTP = {"losses": [{"kind": "ce"}, {"kind": "mtp"}]}
+CASES = [
+    pytest.param("tiny_qwen3_dir", {"dp": 2}, SELECTIVE, id="untied-dp2-selective"),
+    pytest.param("tiny_tied_dir", {"dp": 2}, {}, id="tied-dp2"),
+    pytest.param("tiny_qwen3_dir", {"cp": 2}, {}, id="cp2", marks=pytest.mark.slow),
+    pytest.param("tiny_mimo_dir", {"dp": 2}, MTP, id="mtp-dp2", marks=pytest.mark.slow),
+    pytest.param("moe_dir", {"dp": 2, "ep": 2}, {}, id="moe-dp2ep2", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize(("folder", "layout", "sections"), CASES)
+def test_two_ranks_sum_main_grads_like_one_process_during_the_backward(
+    folder, layout, sections, request
+):
+    """Two data-parallel replicas (each two of the four micro batches), two context-parallel
+    ranks (each half of every micro batch's tokens); the MTP layers trained by their loss;
+    the routed experts in megatron-core's expert-data-parallel buffers."""
+    model_dir = request.getfixturevalue(folder)
+    (one,) = gloo_pool().run({}, _main_grads_job, model_dir, sections, 1)
+    _, _, want, _ = one
+    for seen, groups, got, (first, count) in gloo_pool().run(
+        layout, _main_grads_job, model_dir, sections, 2
+    ):
+        assert groups > 1
+        (first_forwards, first_backward), (forwards, backward) = seen
+        # No reduce-scatter before the last micro batch's backward; megatron-core's first
+        # step only learns the counts, the second starts every bucket during the backward:
+        # none waited for `finish` to count a parameter that the backward missed.
+        expect = [0] * (MICRO_BATCHES // layout.get("dp", 1))
+        assert first_forwards == forwards == expect
+        assert first_backward == 0 and backward == groups
+        assert got.keys() == want.keys()
+        for name, grad in want.items():
+            if count and ".experts." in name:
+                grad = grad[first : first + count]
+            torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_parameter_counted_twice_is_refused(megatron_tp1, tiny_qwen3_dir):
+    """A gradient that reached main_grad both through autograd and outside it would be
+    counted twice, starting its bucket's sum before the second part lands."""
+    from mtprun.runner.trainer.mixed_precision import MainGrads
+
+    recipe = make_recipe(tiny_qwen3_dir)
+    trainer = Trainer(recipe, tiny_qwen3_dir, compile_recipe(recipe), "cpu")
+    grads = MainGrads(trainer.model)
+    weight = trainer.model.output_layer.weight
+    grads.zero()
+    weight.main_grad_ready()
+    with pytest.raises(RuntimeError, match="counted ready twice"):
+        weight.main_grad_ready()
