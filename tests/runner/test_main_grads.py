@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from mtprun.compiler import compile_recipe
+from mtprun.models.pp_layout import global_tensors
 from mtprun.runner.trainer.trainer import Trainer, _trained_sequences
 
 from .conftest import make_recipe, random_packed_batch
@@ -53,10 +54,12 @@ def _main_grads_job(rank: int, layout: dict[str, int], model_dir, sections, step
     batches (its share of their tokens under cp), each weighted by its share of all the
     replicas' trained tokens, through MainGrads with buckets of a quarter of the model
     (`sections`: the recipe's other sections).
-    Returns, per step, the in-flight bucket groups at each micro batch's forward and after
-    the backward (before `finish`); the number of bucket groups; the summed main gradients
-    after the last step, the routed experts' as whole-model slices (their first expert and
-    count)."""
+    A tied embedding split over pipeline stages is summed over them before `finish`, as the
+    trainer does. Returns, per step, the in-flight bucket groups at each micro batch's forward
+    and after the backward (before `finish`); the number of bucket groups and of those that
+    wait for `finish` (holding that embedding); the summed main gradients after the last step
+    under whole-model names (the routed experts': their first expert and count), and the
+    tied output-layer copy's, if any."""
     from megatron.core import parallel_state
 
     from mtprun.runner.trainer.mixed_precision import MainGrads
@@ -73,8 +76,10 @@ def _main_grads_job(rank: int, layout: dict[str, int], model_dir, sections, step
         for b in batches[dp_rank::dp]
     ]
     size = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    grads = MainGrads(trainer.model, bucket_size=size // 4)
-    groups = len(grads.ddp.bucket_groups + grads.ddp.expert_parallel_bucket_groups)
+    held = trainer._split_tied_weight()
+    grads = MainGrads(trainer.model, [held] if held is not None else [], bucket_size=size // 4)
+    all_groups = grads.ddp.bucket_groups + grads.ddp.expert_parallel_bucket_groups
+    waiting = sum(held in g.params for g in all_groups)
     seen = []
     for _ in range(steps):
         grads.zero()
@@ -86,12 +91,16 @@ def _main_grads_job(rank: int, layout: dict[str, int], model_dir, sections, step
 
         run_micro_batches(trainer.model, items, step)
         seen.append((at_forward, _dispatched(grads.ddp)))
+        if held is not None:
+            dist.all_reduce(held.main_grad, group=parallel_state.get_embedding_group())
         grads.finish()
     _gather_buckets(grads.ddp)
-    summed = {n: p.main_grad.clone() for n, p in trainer.model.named_parameters()}
+    local = {n: p.main_grad.clone() for n, p in trainer.model.named_parameters()}
+    summed = global_tensors(local, trainer.shape, trainer.stage)
+    copy = held.main_grad.clone() if held is not None and trainer.stage.last else None
     experts = trainer.shape.experts.count // trainer.ep_size if trainer.shape.experts else 0
     first = parallel_state.get_expert_model_parallel_rank() * experts
-    return seen, groups, summed, (first, experts)
+    return seen, (len(all_groups), waiting), summed, (first, experts), copy
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +117,8 @@ CASES = [
     pytest.param("tiny_qwen3_dir", {"cp": 2}, {}, id="cp2", marks=pytest.mark.slow),
     pytest.param("tiny_mimo_dir", {"dp": 2}, MTP, id="mtp-dp2", marks=pytest.mark.slow),
     pytest.param("moe_dir", {"dp": 2, "ep": 2}, {}, id="moe-dp2ep2", marks=pytest.mark.slow),
+    pytest.param("tiny_qwen3_dir", {"pp": 2}, {}, id="pp2", marks=pytest.mark.slow),
+    pytest.param("tiny_tied_dir", {"pp": 2}, {}, id="tied-pp2", marks=pytest.mark.slow),
 ]
 
 
@@ -116,27 +127,31 @@ def test_two_ranks_sum_main_grads_like_one_process_during_the_backward(
     folder, layout, sections, request
 ):
     """Two data-parallel replicas (each two of the four micro batches), two context-parallel
-    ranks (each half of every micro batch's tokens); the MTP layers trained by their loss;
-    the routed experts in megatron-core's expert-data-parallel buffers."""
+    ranks (each half of every micro batch's tokens), two pipeline stages (the 1F1B schedule's
+    no_sync; a tied embedding held for the stages' sum); the MTP layers trained by their
+    loss; the routed experts in megatron-core's expert-data-parallel buffers."""
     model_dir = request.getfixturevalue(folder)
     (one,) = gloo_pool().run({}, _main_grads_job, model_dir, sections, 1)
-    _, _, want, _ = one
-    for seen, groups, got, (first, count) in gloo_pool().run(
-        layout, _main_grads_job, model_dir, sections, 2
-    ):
-        assert groups > 1
+    _, _, want, _, _ = one
+    ranks = gloo_pool().run(layout, _main_grads_job, model_dir, sections, 2)
+    assert set().union(*(got.keys() for _, _, got, _, _ in ranks)) == want.keys()
+    assert any(groups > 1 for _, (groups, _), _, _, _ in ranks)
+    for seen, (groups, waiting), got, (first, count), copy in ranks:
         (first_forwards, first_backward), (forwards, backward) = seen
         # No reduce-scatter before the last micro batch's backward; megatron-core's first
         # step only learns the counts, the second starts every bucket during the backward:
         # none waited for `finish` to count a parameter that the backward missed.
         expect = [0] * (MICRO_BATCHES // layout.get("dp", 1))
         assert first_forwards == forwards == expect
-        assert first_backward == 0 and backward == groups
-        assert got.keys() == want.keys()
-        for name, grad in want.items():
+        assert first_backward == 0 and backward == groups - waiting
+        for name, grad in got.items():
+            expected = want[name]
             if count and ".experts." in name:
-                grad = grad[first : first + count]
-            torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+                expected = expected[first : first + count]
+            torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6, msg=name)
+        if copy is not None:
+            embedding = want["embedding.word_embeddings.weight"]
+            torch.testing.assert_close(copy, embedding, rtol=1e-5, atol=1e-6)
 
 
 def test_a_parameter_counted_twice_is_refused(megatron_tp1, tiny_qwen3_dir):
