@@ -114,11 +114,11 @@ MTP = {"losses": [{"kind": "ce"}, {"kind": "mtp"}]}
 CASES = [
     pytest.param("tiny_qwen3_dir", {"dp": 2}, SELECTIVE, id="untied-dp2-selective"),
     pytest.param("tiny_tied_dir", {"dp": 2}, {}, id="tied-dp2"),
-    pytest.param("tiny_qwen3_dir", {"cp": 2}, {}, id="cp2", marks=pytest.mark.slow),
-    pytest.param("tiny_mimo_dir", {"dp": 2}, MTP, id="mtp-dp2", marks=pytest.mark.slow),
-    pytest.param("moe_dir", {"dp": 2, "ep": 2}, {}, id="moe-dp2ep2", marks=pytest.mark.slow),
-    pytest.param("tiny_qwen3_dir", {"pp": 2}, {}, id="pp2", marks=pytest.mark.slow),
-    pytest.param("tiny_tied_dir", {"pp": 2}, {}, id="tied-pp2", marks=pytest.mark.slow),
+    pytest.param("tiny_qwen3_dir", {"cp": 2}, {}, id="cp2"),
+    pytest.param("tiny_mimo_dir", {"dp": 2}, MTP, id="mtp-dp2"),
+    pytest.param("moe_dir", {"dp": 2, "ep": 2}, {}, id="moe-dp2ep2"),
+    pytest.param("tiny_qwen3_dir", {"pp": 2}, {}, id="pp2"),
+    pytest.param("tiny_tied_dir", {"pp": 2}, {}, id="tied-pp2"),
 ]
 
 
