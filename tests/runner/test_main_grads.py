@@ -1,6 +1,6 @@
 """megatron-core's DDP with `overlap_grad_reduce` (`mixed_precision.MainGrads`) on gloo: the
-float32 main gradients of several micro batches summed over two data-parallel replicas (or
-context-parallel ranks) equal one process's, with every parameter counted ready once in the
+float32 main gradients of several micro batches summed over two ranks of a parallel layout
+equal one process's, with every parameter counted ready once in the
 last micro batch's backward (none missed: every bucket's reduce-scatter started before
 `finish`; none twice: refused).
 
@@ -16,10 +16,12 @@ import torch.distributed as dist
 
 from mtprun.compiler import compile_recipe
 from mtprun.models.pp_layout import global_tensors
+from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.trainer.trainer import Trainer, _trained_sequences
 
 from .conftest import make_recipe, random_packed_batch
 from .gloo_pool import gloo_pool
+from .qwen3_5_folders import build_qwen3_5_folder
 from .qwen3_folders import build_qwen3_moe_folder
 
 MICRO_BATCHES = 4  # two a replica at dp=2: the first runs under no_sync
@@ -53,16 +55,19 @@ def _main_grads_job(rank: int, layout: dict[str, int], model_dir, sections, step
     """Rank `rank` of `layout` (a pool worker): `steps` backwards over this replica's micro
     batches (its share of their tokens under cp), each weighted by its share of all the
     replicas' trained tokens, through MainGrads with buckets of a quarter of the model
-    (`sections`: the recipe's other sections).
-    A tied embedding split over pipeline stages is summed over them before `finish`, as the
-    trainer does. Returns, per step, the in-flight bucket groups at each micro batch's forward
-    and after the backward (before `finish`); the number of bucket groups and of those that
-    wait for `finish` (holding that embedding); the summed main gradients after the last step
-    under whole-model names (the routed experts': their first expert and count), and the
-    tied output-layer copy's, if any."""
+    (`sections`: the recipe's other sections). A tied embedding split over pipeline stages
+    is summed over them before `finish`, and the tensor-parallel ranks' partial gradients
+    after it, as the trainer does.
+
+    Returns, per step, the in-flight bucket groups at each micro batch's forward and after
+    the backward (before `finish`); the number of bucket groups and of those that wait for
+    `finish` (holding that embedding); the summed main gradients after the last step under
+    whole-model names (the routed experts': their first expert and count), and the tied
+    output-layer copy's, if any."""
     from megatron.core import parallel_state
 
     from mtprun.runner.trainer.mixed_precision import MainGrads
+    from mtprun.runner.trainer.model import sum_partial_grads
     from mtprun.runner.trainer.pipeline import run_micro_batches
 
     recipe = make_recipe(model_dir, parallel=layout, **sections)
@@ -94,9 +99,12 @@ def _main_grads_job(rank: int, layout: dict[str, int], model_dir, sections, step
         if held is not None:
             dist.all_reduce(held.main_grad, group=parallel_state.get_embedding_group())
         grads.finish()
+        sum_partial_grads(trainer.model, trainer.tp_group)
     _gather_buckets(grads.ddp)
-    local = {n: p.main_grad.clone() for n, p in trainer.model.named_parameters()}
-    summed = global_tensors(local, trainer.shape, trainer.stage)
+    trained = trainer.model.named_parameters()
+    local = {n: p.main_grad for n, p in trained if hasattr(p, "main_grad")}
+    full = gather_state_dict(local, trainer.tp_size, trainer.tp_group)
+    summed = global_tensors(full, trainer.shape, trainer.stage)
     copy = held.main_grad.clone() if held is not None and trainer.stage.last else None
     experts = trainer.shape.experts.count // trainer.ep_size if trainer.shape.experts else 0
     first = parallel_state.get_expert_model_parallel_rank() * experts
@@ -108,9 +116,15 @@ def moe_dir(tmp_path_factory, tokenizer):
     return build_qwen3_moe_folder(tokenizer, tmp_path_factory.mktemp("qwen3_moe"), seed=0)
 
 
+@pytest.fixture(scope="module")
+def qwen3_5_dir(tmp_path_factory, tokenizer):
+    return build_qwen3_5_folder(tokenizer, tmp_path_factory.mktemp("qwen3_5"), seed=0)
+
+
 # Selective recomputation: the MLPs' weights get their gradients in a nested backward.
 SELECTIVE = {"trainer": {"recompute": "selective"}}
 MTP = {"losses": [{"kind": "ce"}, {"kind": "mtp"}]}
+LORA = {"lora": {"rank": 4, "alpha": 12, "targets": ["all"]}}  # model.lora, base frozen
 CASES = [
     pytest.param("tiny_qwen3_dir", {"dp": 2}, SELECTIVE, id="untied-dp2-selective"),
     pytest.param("tiny_tied_dir", {"dp": 2}, {}, id="tied-dp2"),
@@ -119,6 +133,9 @@ CASES = [
     pytest.param("moe_dir", {"dp": 2, "ep": 2}, {}, id="moe-dp2ep2"),
     pytest.param("tiny_qwen3_dir", {"pp": 2}, {}, id="pp2"),
     pytest.param("tiny_tied_dir", {"pp": 2}, {}, id="tied-pp2"),
+    pytest.param("tiny_qwen3_dir", {"tp": 2}, {}, id="tp2"),
+    pytest.param("tiny_qwen3_dir", {"dp": 2}, LORA, id="lora-dp2"),
+    pytest.param("qwen3_5_dir", {"dp": 2}, {}, id="qwen3_5-dp2"),
 ]
 
 
@@ -128,9 +145,12 @@ def test_two_ranks_sum_main_grads_like_one_process_during_the_backward(
 ):
     """Two data-parallel replicas (each two of the four micro batches), two context-parallel
     ranks (each half of every micro batch's tokens), two pipeline stages (the 1F1B schedule's
-    no_sync; a tied embedding held for the stages' sum); the MTP layers trained by their
-    loss; the routed experts in megatron-core's expert-data-parallel buffers."""
+    no_sync; a tied embedding held for the stages' sum), two tensor-parallel ranks; the MTP
+    layers trained by their loss; the routed experts in megatron-core's expert-data-parallel
+    buffers; LoRA adapters on a frozen base; Qwen3.5's Gated DeltaNet layers."""
     model_dir = request.getfixturevalue(folder)
+    if "lora" in sections:
+        sections = {"model": {"path": str(model_dir), "lora": sections["lora"]}}
     (one,) = gloo_pool().run({}, _main_grads_job, model_dir, sections, 1)
     _, _, want, _, _ = one
     ranks = gloo_pool().run(layout, _main_grads_job, model_dir, sections, 2)
