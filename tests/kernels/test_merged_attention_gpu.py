@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -28,6 +27,12 @@ from mtprun.runner.trainer.attention import (
 )
 from mtprun.runner.trainer.context_parallel import TokenShard
 
+from .attention_reference import (
+    milliseconds,
+    output_and_grads,
+    per_sequence_reference,
+    row_boundaries,
+)
 from .gated_delta_reference import relative_error
 
 pytestmark = pytest.mark.gpu
@@ -38,10 +43,6 @@ CASES = {"one": [8192], "two": [3000, 5192], "three": [1000, 2500, 4692]}
 # merged piece rounds its blocks' outputs once more before the merge (bf16 on the CPU's
 # flash kernel at 512 tokens: 1e-3 to 9e-3). Or twice FlexAttention's error, if larger.
 TOLERANCE = 2e-2
-
-
-def _cu_seqlens(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
@@ -77,7 +78,7 @@ def _row_attention(q, k, v, lengths, attend):
 
 
 def _pieces(lengths):
-    cu_seqlens = _cu_seqlens(lengths).cuda()
+    cu_seqlens = row_boundaries(lengths).cuda()
 
     def attend(q, k, v, shard):
         return _merged_pieces(q, k, v, SequencePieces.of(cu_seqlens, lengths, shard, "cuda"))
@@ -86,34 +87,12 @@ def _pieces(lengths):
 
 
 def _flex_attend(lengths):
-    cu_seqlens = _cu_seqlens(lengths).cuda()
+    cu_seqlens = row_boundaries(lengths).cuda()
 
     def attend(q, k, v, shard):
         return _flex(q, k, v, packed_block_mask(cu_seqlens, shard, "cuda"))
 
     return attend
-
-
-def _reference(q, k, v, lengths):
-    """float32 causal SDPA per sequence on the whole row, keys repeated per query head."""
-    q, k, v = (t.squeeze(1).transpose(0, 1).float() for t in (q, k, v))  # [heads, T, d]
-    k, v = (t.repeat_interleave(HEADS // GROUPS, 0) for t in (k, v))
-    outs, start = [], 0
-    for n in lengths:
-        span = slice(start, start + n)
-        outs.append(
-            F.scaled_dot_product_attention(
-                q[None, :, span], k[None, :, span], v[None, :, span], is_causal=True
-            )[0]
-        )
-        start += n
-    return torch.cat(outs, 1).transpose(0, 1).flatten(1).unsqueeze(1)
-
-
-def _output_and_grads(attend, q, k, v, grad):
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = attend(*leaves)
-    return (out.detach(), *torch.autograd.grad(out, leaves, grad.to(out.dtype)))
 
 
 def test_block_kernel_is_cudnn():
@@ -130,12 +109,12 @@ def test_pieces_are_taken_for_a_few_sequences_under_context_parallelism():
     shard = TokenShard(0, CP, TOKENS)
     few = CASES["three"]
     assert isinstance(
-        packed_attention_mask(_cu_seqlens(few).cuda(), few, shard, "cuda"), SequencePieces
+        packed_attention_mask(row_boundaries(few).cuda(), few, shard, "cuda"), SequencePieces
     )
     many = [TOKENS // (SPAN_LIMIT + 1)] * SPAN_LIMIT
     many.append(TOKENS - sum(many))
     assert isinstance(
-        packed_attention_mask(_cu_seqlens(many).cuda(), many, shard, "cuda"), BlockMask
+        packed_attention_mask(row_boundaries(many).cuda(), many, shard, "cuda"), BlockMask
     )
 
 
@@ -144,11 +123,9 @@ def test_matches_float32_reference_and_flex_attention(case):
     lengths = CASES[case]
     q, k, v, grad = _inputs(seed=len(lengths))
     names = ("out", "dq", "dk", "dv")
-    want = _output_and_grads(lambda *t: _reference(*t, lengths), q, k, v, grad)
-    ours = _output_and_grads(
-        lambda *t: _row_attention(*t, lengths, _pieces(lengths)), q, k, v, grad
-    )
-    flex = _output_and_grads(
+    want = output_and_grads(lambda *t: per_sequence_reference(*t, lengths), q, k, v, grad)
+    ours = output_and_grads(lambda *t: _row_attention(*t, lengths, _pieces(lengths)), q, k, v, grad)
+    flex = output_and_grads(
         lambda *t: _row_attention(*t, lengths, _flex_attend(lengths)), q, k, v, grad
     )
     errors = {n: relative_error(a, b) for n, a, b in zip(names, ours, want, strict=True)}
@@ -159,24 +136,12 @@ def test_matches_float32_reference_and_flex_attention(case):
         assert errors[name] < max(TOLERANCE, 2 * flex_errors[name]), (name, flex_errors[name])
 
 
-def _milliseconds(fn, repeats: int = 5) -> float:
-    fn()  # compile (FlexAttention), cuDNN plans
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / repeats
-
-
 @pytest.mark.parametrize("case", ["one", "two"])
 def test_time_against_flex_attention(case):
     """Forward and backward of rank 0's attention over the gathered keys, each mask built
     once beforehand as the trainer does per micro batch (printed only)."""
     lengths = CASES[case]
-    cu_seqlens = _cu_seqlens(lengths).cuda()
+    cu_seqlens = row_boundaries(lengths).cuda()
     q, k, v, grad = _inputs(seed=7)
     shards = [TokenShard(rank, CP, TOKENS) for rank in range(CP)]
     assert len({len(s.index) for s in shards}) == 1  # no padding: gathered = concatenated
@@ -195,7 +160,7 @@ def test_time_against_flex_attention(case):
         def step(attend=attend):
             torch.autograd.grad(attend(), (q_local, k_all, v_all), grad_local)
 
-        times[name] = _milliseconds(step)
+        times[name] = milliseconds(step)
     print(
         f"rank 0 of cp={CP}, {case} {lengths}: forward+backward ms",
         {n: f"{t:.2f}" for n, t in times.items()},

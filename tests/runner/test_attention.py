@@ -228,7 +228,7 @@ def test_sequence_spans_are_the_rows_sequences():
 def test_long_sequences_by_sdpa_and_the_rest_by_flex_match_float64_masked_softmax(lengths, own):
     # The spans' sequences through SDPA, the others (first, between, last) through
     # FlexAttention's mask that leaves the spans out. Forward only: FlexAttention has no
-    # backward on the CPU (tests/runner/test_attention_gpu.py checks the gradients).
+    # backward on the CPU (tests/kernels/test_packed_attention_gpu.py checks the gradients).
     cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     shard = TokenShard(0, 1, sum(lengths))
     rest = packed_block_mask(cu_seqlens, shard, "cpu", skip=own)
