@@ -153,7 +153,9 @@ def test_rewards_combine_by_weight_each_logged_under_its_name(stub, template) ->
         FunctionRewardTerm(reward="exact_answer", weight=0.5),
         EndpointRewardTerm(**judge, weight=0.1),
     ]
-    scorer = EpisodeScorer(terms, workers=2, timeout_s=5, on_error=-1.0)
+    # Not a timeout test: a worker's first reasoning_gym score imports it, which took over 5 s
+    # on a loaded 2-core machine (the reward was killed and scored on_error).
+    scorer = EpisodeScorer(terms, workers=2, timeout_s=60, on_error=-1.0)
     try:
         conversations = [
             (*prompt.messages, Message("assistant", c, reasoning_content="think"))
