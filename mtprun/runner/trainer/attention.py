@@ -66,6 +66,20 @@ SPAN_LIMIT = 4
 LONG_SEQUENCE = 4096
 
 
+def _check_row_tokens(covered: int, shard: TokenShard) -> None:
+    if covered != shard.num_tokens:
+        raise ValueError(
+            f"cu_seqlens covers {covered} tokens but the batch has "
+            f"{shard.num_tokens}; cu_seqlens[-1] must equal the number of packed tokens"
+        )
+
+
+def _sequence_spans(lengths: list[int]) -> tuple[tuple[int, int], ...]:
+    """(start, end) row positions of sequences of `lengths` tokens packed in order."""
+    ends = list(accumulate(lengths))
+    return tuple(zip([0, *ends[:-1]], ends, strict=True))
+
+
 @dataclass(frozen=True)
 class TokenLayout:
     """Sequence id and row position of each local query and each gathered key (-1 for a
@@ -84,11 +98,7 @@ class TokenLayout:
         elsewhere) are seen by no query and see nothing (query id -2, key id -1)."""
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
         seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
-        if seq_id.numel() != shard.num_tokens:
-            raise ValueError(
-                f"cu_seqlens covers {seq_id.numel()} tokens but the batch has "
-                f"{shard.num_tokens}; cu_seqlens[-1] must equal the number of packed tokens"
-            )
+        _check_row_tokens(seq_id.numel(), shard)
         query = shard.index.to(device)
         key = shard.key_positions().to(device)
         key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
@@ -234,8 +244,7 @@ class SequenceSpans:
         cls, lengths: list[int], own: tuple[int, ...] | None = None, rest: BlockMask | None = None
     ) -> SequenceSpans:
         """The spans of the sequences numbered in `own` (every sequence if None)."""
-        ends = list(accumulate(lengths))
-        spans = tuple(zip([0, *ends[:-1]], ends, strict=True))
+        spans = _sequence_spans(lengths)
         if own is not None:
             spans = tuple(spans[i] for i in own)
         return cls(spans, rest)
@@ -260,13 +269,8 @@ class SequencePieces:
     def of(
         cls, cu_seqlens: torch.Tensor, lengths: list[int], shard: TokenShard, device: Any
     ) -> SequencePieces:
-        if sum(lengths) != shard.num_tokens:
-            raise ValueError(
-                f"cu_seqlens covers {sum(lengths)} tokens but the batch has "
-                f"{shard.num_tokens}; cu_seqlens[-1] must equal the number of packed tokens"
-            )
-        ends = list(accumulate(lengths))
-        sequences = list(zip([0, *ends[:-1]], ends, strict=True))
+        _check_row_tokens(sum(lengths), shard)
+        sequences = _sequence_spans(lengths)
         chunks = shard.chunk_spans()
         pieces, local = [], 0
         # The rank's tokens are its early chunk, then its late one (`TokenShard.index`).
