@@ -81,7 +81,9 @@ def _pieces(lengths):
     cu_seqlens = row_boundaries(lengths).cuda()
 
     def attend(q, k, v, shard):
-        return _merged_pieces(q, k, v, SequencePieces.of(cu_seqlens, lengths, shard, "cuda"))
+        pieces = SequencePieces.of(cu_seqlens, lengths, shard, "cuda")
+        k, v = (t.index_select(0, pieces.key_order) for t in (k, v))  # as gather_keys does
+        return _merged_pieces(q, k, v, pieces)
 
     return attend
 
@@ -151,7 +153,9 @@ def test_time_against_flex_attention(case):
     pieces = SequencePieces.of(cu_seqlens, lengths, shards[0], "cuda")
     mask = packed_block_mask(cu_seqlens, shards[0], "cuda")
     runs = {
-        "pieces": lambda: _merged_pieces(q_local, k_all, v_all, pieces),
+        "pieces": lambda: _merged_pieces(
+            q_local, k_all[pieces.key_order], v_all[pieces.key_order], pieces
+        ),
         "flex": lambda: _flex(q_local, k_all, v_all, mask),
     }
     times = {}

@@ -160,8 +160,9 @@ def test_per_sequence_sdpa_matches_float64_masked_softmax(lengths):
 def _simulated_context_parallel(q, k, v, cu_seqlens, cp):
     """q [T, 1, heads, d], k/v [T, 1, groups, d] of the whole row -> [T, 1, heads * d]: every
     rank of a cp group of `cp` attends its queries over the keys and values of all ranks,
-    gathered by hand as `gather_keys` does (rank by rank, each padded to the width); each
-    rank's output put back at its tokens' row positions."""
+    gathered by hand as `gather_keys` does (rank by rank, each padded to the width, then
+    taken at the pieces' key order); each rank's output put back at its tokens' row
+    positions."""
     tokens = q.shape[0]
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     shards = [TokenShard(rank, cp, tokens) for rank in range(cp)]
@@ -178,7 +179,8 @@ def _simulated_context_parallel(q, k, v, cu_seqlens, cp):
     out = q.new_zeros(tokens, 1, q.shape[2] * v.shape[-1])
     for shard in shards:
         pieces = SequencePieces.of(cu_seqlens, lengths, shard, "cpu")
-        local = _merged_pieces(q[shard.index], gathered(k), gathered(v), pieces)
+        k_row, v_row = (gathered(t).index_select(0, pieces.key_order) for t in (k, v))
+        local = _merged_pieces(q[shard.index], k_row, v_row, pieces)
         out = out.index_add(0, shard.index, local)
     return out
 

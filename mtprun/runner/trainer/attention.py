@@ -368,9 +368,10 @@ class PackedAttention(DotProductAttention):
         cp = parallel_state.get_context_parallel_world_size()
         if isinstance(mask, SequencePieces):
             group = parallel_state.get_context_parallel_group()
-            key, value = gather_keys(key, value, mask.width, group)
             if block_kernel(query.device, query.dtype) is None:
+                key, value = gather_keys(key, value, mask.width, group)
                 return _flex(query, key, value, mask.block_mask)
+            key, value = gather_keys(key, value, mask.width, group, mask.key_order)
             return _merged_pieces(query, key, value, mask)
         if cp > 1:
             group = parallel_state.get_context_parallel_group()
@@ -437,9 +438,8 @@ def _sdpa_spans(query, key, value, spans: SequenceSpans) -> torch.Tensor:
 
 
 def _merged_pieces(query, key, value, pieces: SequencePieces) -> torch.Tensor:
-    """[T_local, 1, heads, d] query, [cp * width, 1, groups, d] gathered keys/values ->
-    [T_local, 1, heads * d]: the keys put in row order (the gradient flows back through the
-    index_select to the gather), then each piece's blocks (`merged_attention`)."""
-    k, v = (t.squeeze(1).index_select(0, pieces.key_order) for t in (key, value))
-    out = merged_attention(query.squeeze(1), k, v, pieces.pieces)
+    """[T_local, 1, heads, d] query, [T, 1, groups, d] keys/values of the whole row in row
+    order (`gather_keys` by `pieces.key_order`) -> [T_local, 1, heads * d]: each piece's
+    blocks (`merged_attention`)."""
+    out = merged_attention(query.squeeze(1), key.squeeze(1), value.squeeze(1), pieces.pieces)
     return out.flatten(1).unsqueeze(1)

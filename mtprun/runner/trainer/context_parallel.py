@@ -103,10 +103,16 @@ class TokenShard:
 def gather_tokens(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
     """[T_local, ...] on each rank of `group` -> [size * width, ...]: every rank's rows, each
     padded with zeros to `width`, rank by rank. One all_gather; no gradient."""
-    padded = local.new_zeros((width, *local.shape[1:]))
-    padded[: local.shape[0]] = local
-    out = local.new_empty((dist.get_world_size(group) * width, *local.shape[1:]))
-    dist.all_gather(list(out.chunk(dist.get_world_size(group))), padded, group=group)
+    padded = local
+    if local.shape[0] < width:
+        padded = local.new_zeros((width, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+    size = dist.get_world_size(group)
+    out = local.new_empty((size * width, *local.shape[1:]))
+    if dist.get_backend(group) == "nccl":
+        dist.all_gather_into_tensor(out, padded, group=group)  # no copy out of a flat buffer
+    else:  # gloo has no all_gather_into_tensor
+        dist.all_gather(list(out.chunk(size)), padded, group=group)
     return out
 
 
@@ -122,31 +128,46 @@ def gather_row(local: torch.Tensor, shard: TokenShard, group: dist.ProcessGroup)
 
 
 class _GatherKeys(torch.autograd.Function):
-    """Keys and values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank.
+    """Keys and values [T_local, b, groups, d] -> [cp * width, b, groups, d] of every rank,
+    or, given `order` [T] (distinct indices into those gathered rows), [T, b, groups, d]: the
+    gathered rows taken in that order.
 
-    Forward: one all_gather over the context-parallel group (rows padded to `width`).
-    Backward: every rank's queries contribute to every rank's keys, so the gathered gradient
-    is summed over the group: one reduce_scatter on NCCL, one all_reduce on gloo (which has no
+    Forward: one all_gather over the context-parallel group (rows padded to `width`), then
+    the gather by `order`. Backward: the gradient put back at `order`'s rows (a copy: the
+    indices are distinct, so no atomic adds as index_select's own backward would issue; zeros
+    at the padding), then summed over the group, as every rank's queries contribute to every
+    rank's keys: one reduce_scatter on NCCL, one all_reduce on gloo (which has no
     reduce_scatter), after which each rank keeps its own rows.
     """
 
     @staticmethod
-    def forward(ctx, local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group, ctx.rows, ctx.width = group, local.shape[0], width
-        return gather_tokens(local.contiguous(), width, group)
+    def forward(
+        ctx,
+        local: torch.Tensor,
+        width: int,
+        group: dist.ProcessGroup,
+        order: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        ctx.group, ctx.rows, ctx.width, ctx.order = group, local.shape[0], width, order
+        gathered = gather_tokens(local.contiguous(), width, group)
+        ctx.gathered_rows = gathered.shape[0]
+        return gathered if order is None else gathered.index_select(0, order)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         grad = grad.contiguous()
+        if ctx.order is not None:
+            full = grad.new_zeros((ctx.gathered_rows, *grad.shape[1:]))
+            grad = full.index_copy_(0, ctx.order, grad)
         if dist.get_backend(ctx.group) == "nccl":
             mine = grad.new_empty((ctx.width, *grad.shape[1:]))
             dist.reduce_scatter_tensor(mine, grad, group=ctx.group)
         else:
-            grad = grad.clone()
+            grad = grad.clone() if ctx.order is None else grad
             dist.all_reduce(grad, group=ctx.group)
             start = dist.get_rank(ctx.group) * ctx.width
             mine = grad[start : start + ctx.width]
-        return mine[: ctx.rows], None, None
+        return mine[: ctx.rows], None, None, None
 
 
 def gather_rows(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
@@ -157,10 +178,15 @@ def gather_rows(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> to
 
 
 def gather_keys(
-    key: torch.Tensor, value: torch.Tensor, width: int, group: dist.ProcessGroup
+    key: torch.Tensor,
+    value: torch.Tensor,
+    width: int,
+    group: dist.ProcessGroup,
+    order: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values [T_local, b, groups, d] of this rank -> [cp * width, b, groups, d] of
-    every rank of `group`: one collective for both (side by side along the head dim)."""
-    both = _GatherKeys.apply(torch.cat([key, value], dim=-1), width, group)
+    every rank of `group`, or their rows at `order` [T] (`_GatherKeys`): one collective and
+    one gather for both (side by side along the head dim)."""
+    both = _GatherKeys.apply(torch.cat([key, value], dim=-1), width, group, order)
     key, value = both.split([key.shape[-1], value.shape[-1]], -1)
     return key.contiguous(), value.contiguous()
