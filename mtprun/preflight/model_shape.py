@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mtprun.data.tokenizer import tokenizer_size
 from mtprun.models.shape import ModelShape
 from mtprun.spec.model import ModelSection
 from mtprun.spec.recipe import Recipe
@@ -25,14 +26,10 @@ def recipe_shape(recipe: Recipe) -> ModelShape | str:
     tiny = recipe.model.tiny
     tiny_vocab = 0
     if tiny is not None and tiny.vocab is None:
-        # Imported here: the tokenizer imports transformers, which `mtprun validate` and the
-        # rules that read the shape do without.
-        from mtprun.data.tokenizer import build_tokenizer
-
         section = recipe.data or recipe.task
         if section is None:
             return "unknown: the tiny model's vocab is the tokenizer's, and no template is set"
-        tiny_vocab = tiny.vocab_size(len(build_tokenizer(section.template)))
+        tiny_vocab = tiny.vocab_size(tokenizer_size(section.template))
     shape = policy_shape(recipe.model, tiny_vocab)
     if shape is None:
         return f"unknown: {Path(recipe.model.path or '') / 'config.json'} not readable here"

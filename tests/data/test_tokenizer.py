@@ -4,7 +4,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mtprun.data.templates import get_chat_format
-from mtprun.data.tokenizer import CHARACTERS, UNK_TOKEN, build_tokenizer
+from mtprun.data.tokenizer import CHARACTERS, UNK_TOKEN, build_tokenizer, tokenizer_size
 
 
 def test_every_character_and_special_token_round_trips(template: str) -> None:
@@ -15,6 +15,11 @@ def test_every_character_and_special_token_round_trips(template: str) -> None:
     assert len(ids) == 2 * len(CHARACTERS) + len(get_chat_format(template).special_tokens)
     assert tokenizer.decode(ids) == text
     assert tokenizer.unk_token_id not in ids
+
+
+def test_tokenizer_size_is_the_built_tokenizers_length(template: str) -> None:
+    # `mtprun plan` counts a tiny model's vocab without building the tokenizer (transformers).
+    assert tokenizer_size(template) == len(build_tokenizer(template))
 
 
 def test_characters_outside_the_vocabulary_become_unk() -> None:
