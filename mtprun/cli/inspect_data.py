@@ -19,13 +19,12 @@ from rich.table import Table
 from rich.text import Text
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
-from mtprun.preflight import check_recipe
-from mtprun.spec import Recipe
 
 if TYPE_CHECKING:
     import torch
 
     from mtprun.data.render import RenderedSequence, Renderer
+    from mtprun.spec import Recipe
 
 TRAINED_STYLE = "bold black on green"
 ROLE_STYLES = {"system": "magenta", "user": "cyan", "assistant": "white", "tool": "yellow"}
@@ -65,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.num_samples < 1:
         print("mtprun inspect-data: -n must be at least 1", file=sys.stderr)
         return EXIT_INVALID
+    from mtprun.preflight import check_recipe
+
     check = check_recipe(args.recipe, args.overrides)
     print_diagnostics(check.diagnostics)
     if check.recipe is None:

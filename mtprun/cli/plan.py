@@ -11,18 +11,14 @@ from typing import TYPE_CHECKING
 from rich.console import Console, Group
 from rich.table import Table
 
-from mtprun import losses
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
-from mtprun.preflight import check_recipe
-from mtprun.spec import Recipe
-from mtprun.spec.resources import weight_transfer_method
-from mtprun.spec.rules import trunk_terms
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
     from mtprun.compiler.estimate import HeadCost
     from mtprun.models.shape import ModelShape
     from mtprun.preflight.memory import TrainerMemory
+    from mtprun.spec import Recipe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -65,6 +61,9 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mtprun.preflight import check_recipe
+    from mtprun.spec.rules import trunk_terms
+
     check = check_recipe(args.recipe, args.overrides)
     print_diagnostics(check.diagnostics)
     if check.recipe is None:
@@ -113,6 +112,7 @@ def _rollout_loop(recipe: Recipe) -> dict | None:
     engine receives the whole HF policy in `model.dtype`; null when the shape is unknown)."""
     from mtprun.preflight.memory import parameters
     from mtprun.preflight.model_shape import recipe_shape
+    from mtprun.spec.resources import weight_transfer_method
 
     if recipe.task is None:
         return None
@@ -326,6 +326,8 @@ def _overview(recipe: Recipe, plan: HeadPlan, cost: HeadCost | str) -> Table:
 def _policy_rows(recipe: Recipe, plan: HeadPlan) -> list[tuple[str, str]]:
     """What the compiler made of the terms' options (each kind's own description) and the
     RL loop around them."""
+    from mtprun import losses
+
     rows = [row for term in plan.terms if (row := losses.describe(term)) is not None]
     if recipe.task is not None:
         old = "the rollout engine's"
@@ -343,6 +345,8 @@ def _policy_rows(recipe: Recipe, plan: HeadPlan) -> list[tuple[str, str]]:
 def _terms_table(recipe: Recipe, plan: HeadPlan) -> Table:
     """The head plan's terms, then the recipe's trunk terms (router losses) with their plan
     line: megatron-core computes them inside the trunk, the head kernel never sees them."""
+    from mtprun.spec.rules import trunk_terms
+
     table = Table(title="terms")
     table.add_column("kind")
     table.add_column("weight", justify="right")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
-from mtprun.preflight import check_recipe
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +37,8 @@ def add_ray_address(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mtprun.preflight import check_recipe
+
     check = check_recipe(args.recipe, args.overrides)
     print_diagnostics(check.diagnostics)
     if check.recipe is None:

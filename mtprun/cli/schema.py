@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from mtprun.cli.diagnostics import EXIT_INVALID
-from mtprun.spec.schema import recipe_json_schema
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -23,6 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mtprun.spec.schema import recipe_json_schema
+
     text = json.dumps(recipe_json_schema(), indent=2) + "\n"
     if args.output is None:
         print(text, end="")

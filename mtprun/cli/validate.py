@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics, split_overrides
-from mtprun.preflight import check_recipe
-from mtprun.spec import RecipeCheck
-from mtprun.spec.actors import ActorDemand
+
+if TYPE_CHECKING:
+    from mtprun.spec import RecipeCheck
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     if not files:
         print("mtprun validate: no recipe file given (only KEY=VALUE overrides)", file=sys.stderr)
         return EXIT_INVALID
+    from mtprun.preflight import check_recipe
+
     checks = {file: check_recipe(file, overrides) for file in files}
     for check in checks.values():
         print_diagnostics(check.diagnostics)
@@ -38,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(checks: dict[str, RecipeCheck]) -> Table:
+    from mtprun.spec.actors import ActorDemand
+
     table = Table(title="mtprun validate")
     table.add_column("recipe", overflow="fold")
     for column in ("status", "name", "stage", "losses"):
