@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
 from mtprun.data.batch import PackedBatch
 from mtprun.data.environment import (
@@ -272,6 +271,10 @@ class EpisodeCollector:
         self.scorer = EpisodeScorer.for_task(recipe.task, ScorerPlacement.of(recipe))
         self.renderer = folder_renderer(model_dir, recipe.task.renderer)
         self._warned_unprinted_tools = False
+        # Imported here: the auto classes cost ~0.9 CPU-seconds, which a process that imports
+        # this module and collects no episodes (an SFT run's driver) does without.
+        from transformers import AutoConfig
+
         self.max_model_len = AutoConfig.from_pretrained(model_dir).max_position_embeddings
         self.pool = pool
 
