@@ -271,20 +271,16 @@ class SequencePieces:
     ) -> SequencePieces:
         _check_row_tokens(sum(lengths), shard)
         sequences = _sequence_spans(lengths)
-        chunks = shard.chunk_spans()
         pieces, local = [], 0
         # The rank's tokens are its early chunk, then its late one (`TokenShard.index`).
-        for c0, c1 in (chunks[shard.rank], chunks[2 * shard.size - 1 - shard.rank]):
+        for c0, c1 in shard.spans:
             for start, end in sequences:
                 a, b = max(c0, start), min(c1, end)
                 if a < b:
                     pieces.append(Piece(local + a - c0, local + b - c0, start, b))
             local += c1 - c0
-        keys = shard.key_positions()
-        held = keys >= 0
-        order = torch.empty(shard.num_tokens, dtype=torch.long)
-        order[keys[held]] = held.nonzero()[:, 0]
-        return cls(tuple(pieces), order.to(device), shard.width, cu_seqlens, shard)
+        order = shard.key_order().to(device)
+        return cls(tuple(pieces), order, shard.width, cu_seqlens, shard)
 
     @cached_property
     def block_mask(self) -> BlockMask:

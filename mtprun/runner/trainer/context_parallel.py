@@ -59,6 +59,29 @@ class TokenShard:
         """The most tokens any rank holds: every rank's keys are padded to it for the gather."""
         return max(len(self._positions(r)) for r in range(self.size))
 
+    @cached_property
+    def spans(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(start, end) row positions of this rank's two chunks, early then late: its tokens
+        are the first's, then the second's (`index`)."""
+        chunks = self.chunk_spans()
+        return chunks[self.rank], chunks[2 * self.size - 1 - self.rank]
+
+    def key_order(self) -> torch.Tensor:
+        """[num_tokens] index among the gathered keys (`key_positions` order) of each row
+        position: what puts the gathered keys back in row order."""
+        order = torch.empty(self.num_tokens, dtype=torch.long)
+        for rank in range(self.size):
+            local = rank * self.width
+            for start, end in TokenShard(rank, self.size, self.num_tokens).spans:
+                order[start:end] = torch.arange(local, local + end - start)
+                local += end - start
+        return order
+
+    def local_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of per-token `values` [num_tokens] over this rank's tokens (slices, no
+        gather: the trainer calls it on the host for every micro batch)."""
+        return sum(values[start:end].sum() for start, end in self.spans)
+
     def key_positions(self) -> torch.Tensor:
         """[size * width] row position of each gathered key, rank by rank, -1 for padding."""
         keys = torch.full((self.size, self.width), -1, dtype=torch.long)
@@ -73,12 +96,13 @@ class TokenShard:
         others under cp > 1)."""
         if self.size == 1:
             return batch
-        index = self.index.to(batch.input_ids.device)
-        local: dict[str, Any] = {name: getattr(batch, name)[index] for name in _PER_TOKEN}
-        for name in _PER_TARGET:
+        (a, b), (c, d) = self.spans
+        # Two slices each: no index to copy to the device, no gather kernel.
+        local: dict[str, Any] = {}
+        for name in _PER_TOKEN + _PER_TARGET:
             value = getattr(batch, name)
-            local[name] = None if value is None else value[index]
-        span = torch.tensor([0, len(index)], dtype=batch.cu_seqlens.dtype)
+            local[name] = None if value is None else torch.cat([value[a:b], value[c:d]])
+        span = torch.tensor([0, b - a + d - c], dtype=batch.cu_seqlens.dtype)
         return replace(batch, **local, cu_seqlens=span.to(batch.cu_seqlens.device))
 
     def chunk_spans(self) -> list[tuple[int, int]]:
@@ -120,11 +144,7 @@ def gather_row(local: torch.Tensor, shard: TokenShard, group: dist.ProcessGroup)
     """[T_local] values of `shard`'s tokens on each rank of `group` -> [T] of the whole row,
     on the CPU. One all_gather (device tensors under NCCL)."""
     gathered = gather_tokens(local, shard.width, group).cpu()
-    keys = shard.key_positions()
-    held = keys >= 0
-    row = torch.empty(shard.num_tokens, dtype=local.dtype)
-    row[keys[held]] = gathered[held]
-    return row
+    return gathered[shard.key_order()]
 
 
 class _GatherKeys(torch.autograd.Function):

@@ -200,7 +200,7 @@ class Trainer:
         # add up to the micro batch. A micro batch without trained tokens teaches nothing;
         # every rank skips it alike (shares of it may be empty on some ranks only).
         shares = [
-            (mb, int(mb.loss_mask[self._shard(mb).index].sum()) / total, rate)
+            (mb, int(self._shard(mb).local_sum(mb.loss_mask)) / total, rate)
             for mb, count in zip(micro_batches, trained, strict=True)
             if count
         ]
