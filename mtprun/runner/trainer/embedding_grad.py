@@ -7,11 +7,8 @@ zero except for the rows of the micro batch's tokens, which DDP's hook then adds
 `main_grad`. At a 248k vocabulary and H = 4096 that is a 2 GB zero-fill and scatter plus a
 10 GB read-modify-write per micro batch, for the 4096 rows that carry anything (~5 ms of a
 0.6 s step on an H100, per micro batch). Here the backward adds the rows alone:
-`main_grad.index_add_(0, ids, grad)`, and hands autograd no weight gradient. DDP's hook then
-has nothing to add and does not count the weight ready for its bucket's reduce-scatter
-(`mixed_precision.MainGrads`); the backward counts it itself, through the weight's
-`main_grad_ready`, once its rows are in. The lookup is the first use of the weight in the
-forward (a tied output layer's comes later), so its backward adds the weight's last gradient.
+`main_grad.index_add_(0, ids, grad)`, and hands autograd no weight gradient (so DDP's hook does
+not run for the weight; with `overlap_grad_reduce` off it has nothing else to do).
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ from megatron.core.tensor_parallel.mappings import (
 
 
 class EmbeddingIntoMainGrad(torch.autograd.Function):
-    """out = weight[ids]; backward: weight.main_grad[ids[i]] += grad_out[i] (float32), then
-    weight.main_grad_ready() where the weight has one (megatron-core's DDP: `MainGrads`).
+    """out = weight[ids]; backward: weight.main_grad[ids[i]] += grad_out[i] (float32).
 
     forward(ids [*] int64 in [0, V_local), weight [V_local, H] with a `main_grad` [V_local, H])
         -> [*, H] in weight's dtype. No collectives (the caller reduces over tensor-parallel
@@ -48,9 +44,6 @@ class EmbeddingIntoMainGrad(torch.autograd.Function):
         main_grad = ctx.weight.main_grad
         rows = grad.reshape(-1, grad.shape[-1]).to(main_grad.dtype)
         main_grad.index_add_(0, ids.reshape(-1), rows)
-        ready = getattr(ctx.weight, "main_grad_ready", None)
-        if ready is not None:
-            ready()
         return None, None
 
 

@@ -3,21 +3,15 @@
 The policy's weights are bf16 (what the GPU computes with). Megatron-core's DDP gives every
 parameter a float32 `main_grad` in one contiguous buffer; the linear layers' weight-gradient
 GEMMs accumulate into it directly (`apex_standins`), the token embedding adds its micro batch's
-rows into it (`embedding_grad`), the head loss adds the output layer's, the other parameters'
-bf16 gradients are added as soon as they are produced. DDP sums the buffer over the
-data-parallel x context-parallel ranks (the trainer's losses are already weighted by each
+rows into it (`embedding_grad`), the other parameters' bf16 gradients are added as soon as they
+are produced. DDP sums the buffer over the data-parallel x
+context-parallel ranks once per step (the trainer's losses are already weighted by each
 share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-scattered so
-that each rank keeps the slice it steps. The sum runs bucket by bucket during the last micro
-batch's backward (`MainGrads`: megatron-core's `overlap_grad_reduce`), each bucket as soon as
-its parameters' gradients are complete, hidden behind the rest of the backward instead of
-after it. Megatron-core's distributed optimizer keeps float32
+that each rank keeps the slice it steps. Megatron-core's distributed optimizer keeps float32
 master weights and the Adam state of that slice only (sharded over the data-parallel x
 context-parallel ranks), clips by the whole model's norm (tensor-parallel duplicates and a
 tied output-layer copy counted once, pipeline stages summed) and all-gathers the stepped
-slices back into the bf16 weights. That all-gather stays after the step, not overlapped with
-the next forward (`overlap_param_gather`): the weights are read between steps (the rollout
-engines' weight sync, exports, log-probs of the next batch), which would then have to wait
-for it first.
+slices back into the bf16 weights.
 
 `trainer.optimizer_state: bfloat16` keeps AdamW's two moments in bfloat16 (4 bytes a parameter
 instead of 8; Qwen3-8B at tp 2 holds 4.1B parameters a rank, whose float32 moments alone take
@@ -32,7 +26,6 @@ train with torch.optim on float32 weights instead (`mtprun.runner.trainer.optim`
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from itertools import chain
 from typing import Any
@@ -50,126 +43,33 @@ from mtprun.runner.trainer.optim import lr_factor
 from mtprun.spec.trainer import TrainerSection
 
 
-class MainGrads:
-    """Megatron-core's DDP over `model` with `overlap_grad_reduce`: float32 `main_grad`s whose
-    sum over the data-parallel x context-parallel ranks is reduce-scattered bucket by bucket
-    during the last micro batch's backward.
-
-    Megatron-core's pipeline schedules run every micro batch but the last under `no_sync`
-    (set here as the model config's `no_sync_func`), so only the last micro batch's backward
-    counts a parameter ready; a bucket's reduce-scatter starts once each of its parameters is
-    counted ready exactly once. A parameter is counted by
-
-    - DDP's hook on its gradient accumulation, when autograd hands it a gradient (megatron's
-      linear layers hand a dummy one after accumulating into main_grad themselves);
-    - its `main_grad_ready()`, called by whatever adds the parameter's gradient into
-      main_grad outside autograd and hands autograd none, once that gradient is all there:
-      the token embedding's backward (`embedding_grad`), the trainer's hook after the head
-      loss has added the output layer's;
-    - `finish` otherwise: parameters the step's backward did not reach, and those in `held`,
-      whose gradient the caller still sums over other ranks after the backward (a tied
-      embedding split over pipeline stages) before the data-parallel sum may read it.
-
-    On the first step megatron-core learns how often each parameter is counted and sums every
-    bucket in `finish`; from the second step on the sums start during the backward.
-    """
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        held: Iterable[torch.nn.Parameter] = (),
-        bucket_size: int | None = None,
-    ) -> None:
-        """`bucket_size`: parameters a bucket (None: megatron-core's default, 40M)."""
-        self.ddp = _OverlappedDDP(
-            config=model.config,
-            ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True,
-                overlap_grad_reduce=True,
-                use_distributed_optimizer=True,
-                bucket_size=bucket_size,
-            ),
-            module=model,
-        )
-        self.ddp.held = frozenset(held)
-        model.config.no_sync_func = self.ddp.no_sync  # read by get_forward_backward_func's
-        for param in self.ddp.params_with_grad:
-            param.main_grad_ready = functools.partial(self.ddp.grad_ready, param)
-        accumulate_wgrad_in_main_grad(model)  # after DDP: it gives each weight main_grad
-        accumulate_embedding_grad_in_main_grad(model)
-
-    def zero(self) -> None:
-        self.ddp.zero_grad_buffer()
-
-    def finish(self) -> None:
-        """Count the parameters not counted yet (see the class docstring), then wait for
-        every bucket's sum."""
-        for group in self.ddp.bucket_groups + self.ddp.expert_parallel_bucket_groups:
-            for bucket in group.buckets:
-                for param in bucket.params_list:
-                    if param not in group.per_param_grad_ready_counts:
-                        group.register_grad_ready(param)
-        self.ddp.finish_grad_sync()
-
-
-class _OverlappedDDP(DistributedDataParallel):
-    """Megatron-core's DDP whose backward hook leaves alone a parameter that autograd handed
-    no gradient (its main_grad was written outside autograd; `main_grad_ready` counts it),
-    where megatron-core's asserts. Autograd runs such a parameter's accumulation, and so the
-    hook, on its CPU thread, beside the GPU's backward thread: a bucket's reduce-scatter
-    started there could be ordered differently on each rank. `held`: see `MainGrads`."""
-
-    held: frozenset[torch.nn.Parameter] = frozenset()
-
-    def _make_backward_post_hook(self, param: torch.nn.Parameter) -> Any:
-        def hook(*unused: Any) -> None:
-            if param.grad is None:
-                return
-            if not param.grad_added_to_main_grad:
-                param.main_grad.add_(param.grad.data)
-            param.grad = None
-            self.grad_ready(param)
-
-        return hook
-
-    def grad_ready(self, param: torch.nn.Parameter) -> None:
-        """Count `param` ready in its bucket group: in the last micro batch only, once, and
-        `held` ones in `MainGrads.finish` only."""
-        group = self.param_to_bucket_group.get(param)
-        if group is None or not group.is_last_microbatch or param in self.held:
-            return
-        if param in group.per_param_grad_ready_counts:
-            # A second count would start the bucket's sum before a later gradient lands.
-            raise RuntimeError(
-                "a parameter was counted ready twice in one backward: its gradient reaches "
-                "main_grad both through autograd and outside it"
-            )
-        group.register_grad_ready(param, self.force_all_reduce)
-
-
 class MegatronMixedPrecision:
     """The policy's gradients and optimizer step under bf16 weights (see module docstring).
 
     `model` must already hold bf16 parameters; a parameter with requires_grad False (a frozen
     embedding copy) is left out of both the gradient buffer and the optimizer. The parameters
     named in `copies` (a tied output layer's copy on the last pipeline stage) are stepped
-    but left out of the norm, which counts their original on the first stage. `held`: see
-    `MainGrads`.
+    but left out of the norm, which counts their original on the first stage.
     """
 
     def __init__(
-        self,
-        trainer: TrainerSection,
-        model: torch.nn.Module,
-        copies: frozenset[str] = frozenset(),
-        held: Iterable[torch.nn.Parameter] = (),
+        self, trainer: TrainerSection, model: torch.nn.Module, copies: frozenset[str] = frozenset()
     ) -> None:
         self.trainer = trainer
         for name, param in model.named_parameters():
             if name in copies:
                 param.shared = True  # Megatron's norm skips `shared` parameters
-        self.grads = MainGrads(model, held)
-        self.ddp = self.grads.ddp
+        self.ddp = DistributedDataParallel(
+            config=model.config,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=True,
+            ),
+            module=model,
+        )
+        accumulate_wgrad_in_main_grad(model)  # after DDP: it gives each weight main_grad
+        accumulate_embedding_grad_in_main_grad(model)
         use_foreach_multi_tensor_ops()
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
@@ -202,13 +102,12 @@ class MegatronMixedPrecision:
         return self.trainer.lr * lr_factor(self.trainer, self.steps)
 
     def zero_grad(self) -> None:
-        self.grads.zero()
+        self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
 
     def finish_grads(self) -> None:
-        """Finish the sum of the float32 main gradients over the data-parallel x
-        context-parallel ranks (`MainGrads.finish`)."""
-        self.grads.finish()
+        """Sum the float32 main gradients over the data-parallel x context-parallel ranks."""
+        self.ddp.finish_grad_sync()
 
     def step(self) -> float:
         """Clip (trainer.grad_clip), step at this step's learning rate; returns the whole

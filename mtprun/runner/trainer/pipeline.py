@@ -4,9 +4,7 @@ With pp > 1 that is the 1F1B schedule: each stage runs its layers on a micro bat
 the [T, 1, H] float32 hidden states on (their shape first: packed micro batches differ in
 length) and receives their gradient back, so every stage works on a different micro batch
 at once. With pp = 1 it is a forward and a backward per micro batch. Every stage must call
-`run_micro_batches` with the same items in the same order. Both schedules run every backward
-but the last under the model config's `no_sync_func` where one is set (megatron-core's DDP:
-`mixed_precision.MainGrads`), so the data-parallel gradient sum starts in the last one.
+`run_micro_batches` with the same items in the same order.
 """
 
 from __future__ import annotations

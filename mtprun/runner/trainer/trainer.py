@@ -152,12 +152,7 @@ class Trainer:
         )
         names = [n for n, _ in self.model.named_parameters()]
         copies = frozenset(n for n in names if is_tied_copy(n, self.shape, self.stage))
-        # A tied embedding split over stages: the stages sum its gradients after the backward
-        # (_sum_tied_embedding_grads), before DDP's data-parallel sum may read them.
-        held = [w for w in [self._split_tied_weight()] if w is not None]
-        self.mixed = (
-            MegatronMixedPrecision(recipe.trainer, self.model, copies, held) if mixed else None
-        )
+        self.mixed = MegatronMixedPrecision(recipe.trainer, self.model, copies) if mixed else None
         self.groups = [] if mixed else build_groups(recipe.trainer, self.model, separate)
         self._norm_scope = NormScope(
             tp=self.tp_group,
@@ -401,8 +396,6 @@ class Trainer:
         weight = self.model.output_weight().to(hidden.dtype)
         takes_grad = grad_scale is not None and weight.requires_grad
         main_grad = getattr(weight, "main_grad", None) if takes_grad else None
-        if main_grad is not None:
-            self._count_output_weight_after_head(hidden)
         head_inputs = HeadInputs.build(
             plan,
             hidden,
@@ -422,18 +415,6 @@ class Trainer:
             **teacher,
         )
         return head_loss(head_inputs)
-
-    def _count_output_weight_after_head(self, hidden: torch.Tensor) -> None:
-        """The head loss adds the output layer's gradient into its main_grad and hands autograd
-        none: count the weight ready for DDP's reduce-scatter (`mixed_precision.MainGrads`)
-        once the loss's backward has reached `hidden`, past the head. A weight tied to this
-        stage's embedding is counted by the embedding's backward, later; one that MainGrads
-        holds, or one whose `hidden` needs no gradient, by `MainGrads.finish`."""
-        ready = getattr(self.model.output_weight(), "main_grad_ready", None)
-        if ready is None or not hidden.requires_grad:
-            return
-        if not self.model.share_embeddings_and_output_weights:
-            hidden.register_hook(lambda _: ready())
 
     def _replaying(
         self, batch: PackedBatch, shard: TokenShard
@@ -455,24 +436,21 @@ class Trainer:
     def _sum_tied_embedding_grads(self) -> None:
         """A tied model split over stages holds the embedding on the first stage and a copy
         as the output layer on the last: both take the sum of their gradients."""
-        weight = self._split_tied_weight()
-        if weight is None:
+        if not splits_tied_embedding(self.shape, self.stage):
             return
+        if not (self.stage.first or self.stage.last):
+            return
+        weight = (
+            self.model.embedding.word_embeddings.weight
+            if self.stage.first
+            else self.model.output_layer.weight
+        )
         if self.mixed is not None:  # DDP accumulates into float32 main_grad
             dist.all_reduce(weight.main_grad, group=parallel_state.get_embedding_group())
             return
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
-
-    def _split_tied_weight(self) -> torch.nn.Parameter | None:
-        """This stage's half of a tied embedding split over stages (the first stage's
-        embedding, the last one's output-layer copy); None elsewhere."""
-        if not splits_tied_embedding(self.shape, self.stage):
-            return None
-        if self.stage.first:
-            return self.model.embedding.word_embeddings.weight
-        return self.model.output_layer.weight if self.stage.last else None
 
     @torch.no_grad()
     def _refresh_mtp_embedding(self) -> None:
