@@ -8,7 +8,9 @@ forward and recompute the layer with the torch chunked algorithm in the backward
 (`FlaForwardTorchBackward`): the same gradients, about 10x slower (H200, T = 8192 in 4
 sequences, 16 heads of 128, bf16: 34-38 ms forward + backward, bound by host time, against
 3.6 ms for fla's backward through TileLang); Triton >= 3.7.1 or `pip install tilelang`
-restores fla's backward.
+restores fla's backward. TileLang's kernel takes 16-bit inputs only: float32 ones fail its
+compile ("Get different layout for b_dq", fla 0.6.0 with TileLang on an H200), so they keep
+the torch backward there.
 """
 
 from __future__ import annotations
@@ -48,38 +50,48 @@ def require_gdn_kernels() -> str:
 
 
 @functools.cache
-def fla_backward_is_safe() -> bool:
-    """False where fla 0.6.0 raises in the gated backward (Hopper, Triton in [3.4.0, 3.7.1),
-    no TileLang to take the kernel): the same condition as fla's `chunk_bwd_dqkwg` guard."""
+def _triton_backward_is_unsafe() -> bool:
+    """Hopper with Triton in [3.4.0, 3.7.1): the condition of fla's `chunk_bwd_dqkwg` guard."""
     import fla.utils
 
     triton_fixed = getattr(fla.utils, "TRITON_ABOVE_3_7_1", False)
-    if not (fla.utils.IS_NVIDIA_HOPPER and fla.utils.TRITON_ABOVE_3_4_0 and not triton_fixed):
-        return True
-    return importlib.util.find_spec("tilelang") is not None
+    return fla.utils.IS_NVIDIA_HOPPER and fla.utils.TRITON_ABOVE_3_4_0 and not triton_fixed
+
+
+@functools.cache
+def fla_backward_is_safe() -> bool:
+    """False where fla 0.6.0 raises in the gated backward (Hopper, Triton in [3.4.0, 3.7.1),
+    no TileLang to take the kernel)."""
+    return not _triton_backward_is_unsafe() or importlib.util.find_spec("tilelang") is not None
 
 
 def fla_gated_delta_rule(q, k, v, g, beta, cu_seqlens, scale: float) -> torch.Tensor:
     """fla's chunk_gated_delta_rule on the packed row (batch 1, varlen), or its forward with
     the torch backward where fla's is unsafe (warned once)."""
-    if _fla_backward():
+    if _fla_backward(q.dtype):
         return _fla_forward(q, k, v, g, beta, cu_seqlens, scale)
     o, _ = FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, None)
     return o
 
 
-def _fla_backward() -> bool:
+def _fla_backward(dtype: torch.dtype) -> bool:
     """Whether fla's own backward serves this call (or none is needed); else warn, once, that
     the torch backward will."""
-    if require_gdn_kernels() == FLA_BACKWARD or not torch.is_grad_enabled():
+    if not torch.is_grad_enabled():
+        return True
+    # Where TileLang takes fla's backward (`fla_backward_is_safe`), it takes 16-bit inputs only.
+    float32_on_tilelang = dtype == torch.float32 and _triton_backward_is_unsafe()
+    if require_gdn_kernels() == FLA_BACKWARD and not float32_on_tilelang:
         return True
     if not FlaForwardTorchBackward.warned:
         FlaForwardTorchBackward.warned = True
-        warnings.warn(
-            f"gated delta rule backward: {TORCH_BACKWARD}; upgrade triton to >= 3.7.1 or "
-            "pip install tilelang for fla's faster backward",
-            stacklevel=4,
+        which = (
+            "torch (float32 inputs: fla's TileLang backward compiles 16-bit ones only)"
+            if float32_on_tilelang
+            else f"{TORCH_BACKWARD}; upgrade triton to >= 3.7.1 or pip install tilelang for "
+            "fla's faster backward"
         )
+        warnings.warn(f"gated delta rule backward: {which}", stacklevel=4)
     return False
 
 
@@ -96,7 +108,7 @@ def fla_gated_delta_rule_states(
     fla's is unsafe (warned once, as `fla_gated_delta_rule`)."""
     if initial_state is not None:
         initial_state = initial_state.float()
-    if _fla_backward():
+    if _fla_backward(q.dtype):
         return _fla_forward_states(q, k, v, g, beta, cu_seqlens, scale, initial_state)
     return FlaForwardTorchBackward.apply(q, k, v, g, beta, cu_seqlens, scale, initial_state)
 
