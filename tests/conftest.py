@@ -55,32 +55,32 @@ LONGEST_FILES_S = {
 }
 
 
-_VLLM_CACHE = "VLLM_CACHE_ROOT"
-_vllm_cache_dir = pytest.StashKey[str]()
+# The session's caches, shared by this process, Ray actors and `mtprun` subprocesses (they
+# inherit the variables) and made in the xdist controller (which loads no tests/*/conftest.py)
+# so both workers inherit the same ones: vLLM's, where an engine inspects its model class in
+# a subprocess that imports vLLM (~9 CPU-s a class on a 2-core machine; a run folder's own
+# cache is cold for every run, and with a cache each both workers inspected every class they
+# ran), and mtprun's, where a run's tiny model folder is built once per recipe model (~7
+# CPU-s a build). Both are written atomically, so two workers may fill them at once; the
+# session's first engine of each class and first run of each tiny model still go the cold way.
+_SESSION_CACHES = {"VLLM_CACHE_ROOT": "vllm-cache-", "MTPRUN_CACHE_DIR": "mtprun-cache-"}
+_session_cache_dirs = pytest.StashKey[dict[str, str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Files in collection order under `--dist loadfile`; and one vLLM cache for the session's
-    engines, in this process, in Ray actors and in `mtprun` subprocesses (they all inherit the
-    variable, which the engine leaves as it finds it): an engine inspects its model class in a
-    subprocess that imports vLLM (~9 CPU-s a class on a 2-core machine), and a run folder's own
-    cache is cold for every run. Made here, in the xdist controller too (which loads no
-    tests/*/conftest.py), so both workers inherit it: with a cache each, every model class
-    both ran was inspected twice. The session's first engine of each class still goes through
-    the cold path (vLLM writes the cache's files atomically: two workers may)."""
+    """Files in collection order under `--dist loadfile`; and the session's caches (above)."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False  # hand the files out in collection order
-    if _VLLM_CACHE not in os.environ:
-        os.environ[_VLLM_CACHE] = config.stash[_vllm_cache_dir] = tempfile.mkdtemp(
-            prefix="vllm-cache-"
-        )
+    made = config.stash[_session_cache_dirs] = {}
+    for variable, prefix in _SESSION_CACHES.items():
+        if variable not in os.environ:
+            os.environ[variable] = made[variable] = tempfile.mkdtemp(prefix=prefix)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    folder = config.stash.get(_vllm_cache_dir, None)
-    if folder is not None:
+    for variable, folder in config.stash.get(_session_cache_dirs, {}).items():
         shutil.rmtree(folder, ignore_errors=True)
-        del os.environ[_VLLM_CACHE]
+        del os.environ[variable]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -29,7 +29,6 @@ from ray.exceptions import RayTaskError
 from rich.console import Console
 from rich.progress import TaskID
 
-from mtprun.data.tokenizer import build_tokenizer
 from mtprun.runner.placement import Placement
 from mtprun.runner.rollout.engine import routed_experts_problem
 from mtprun.runner.rollout.episodes import EpisodeCollector
@@ -45,6 +44,7 @@ from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import Stage, plan_stages
 from mtprun.runner.run.steps import StepResult, generate_rollout, grpo_step, sft_step
 from mtprun.runner.run.stop import StopRequest
+from mtprun.runner.run.tiny_folder import tiny_model_folder
 from mtprun.runner.run.weight_sync import WeightSync
 from mtprun.runner.run_dir import RunDir
 from mtprun.runner.tracking.tracker import Tracker
@@ -141,7 +141,8 @@ class Driver:
         self.tracker.finish(status, error, timeout=self.recipe.tracking.flush_timeout_s)
 
     def _ensure_model(self) -> None:
-        """The run's initial HF folder: the recipe's model.path, or a tiny model built here."""
+        """The run's initial HF folder: the recipe's model.path, or a tiny model (built, or
+        copied from the cache: `tiny_folder`)."""
         target = self.run_dir.model_dir
         if (target / "config.json").exists():
             return
@@ -151,12 +152,7 @@ class Driver:
             return
         task, data = self.recipe.task, self.recipe.data
         template = task.template if task is not None else data.template
-        log.info("building a tiny %s model in %s", model.tiny.architecture, target)
-        # Here, not at module level: transformers' model classes (and the sklearn that its
-        # generation utilities import) cost a run that starts from a folder ~5 CPU-s.
-        from mtprun.models.tiny import build_tiny_model
-
-        build_tiny_model(model.tiny, build_tokenizer(template), target, self.recipe.seed)
+        tiny_model_folder(model.tiny, template, self.recipe.seed, target)
 
     def _check_teachers(self) -> None:
         """Fail before Ray starts when a distill teacher is not an HF folder (the trainers

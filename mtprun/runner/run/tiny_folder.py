@@ -1,0 +1,99 @@
+"""A run's tiny random-init model folder, kept in a cache for the next run that asks for it.
+
+The folder is a function of the recipe's `model.tiny`, the chat template, the seed, the code
+that builds it and the libraries that write it, so a run builds it once and later runs copy it
+(building costs ~7 CPU-seconds, most of it importing transformers' model classes; a copy, a
+few milliseconds). The cache key hashes all of those. A folder is built in a scratch directory
+of the cache and renamed into place, so a crash mid-build leaves no entry and two runs
+building the same key at once keep one. The cache lives in `$MTPRUN_CACHE_DIR/tiny`
+(default `$XDG_CACHE_HOME/mtprun`, or `~/.cache/mtprun`); `MTPRUN_CACHE_DIR=` (empty) turns
+it off, and a cache that cannot be written is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import mtprun
+from mtprun.data.tokenizer import build_tokenizer
+from mtprun.spec.model import TinyModel
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "MTPRUN_CACHE_DIR"
+# The code a tiny folder comes from: the model builders and the tokenizer with its templates.
+_BUILDER_SOURCES = ("models", "data/tokenizer.py", "data/templates", "spec/model.py")
+_LIBRARIES = ("torch", "transformers", "safetensors", "tokenizers")
+
+
+def tiny_model_folder(spec: TinyModel, template: str, seed: int, target: Path) -> Path:
+    """Write the tiny model folder of (`spec`, `template`, `seed`) to `target`: a copy of the
+    cached one, built first if the cache has none."""
+    root = cache_root()
+    if root is None:
+        return _build(spec, template, seed, target)
+    entry = root / "tiny" / tiny_key(spec, template, seed)
+    if not (entry / "config.json").exists():
+        try:
+            _build_entry(spec, template, seed, entry)
+        except OSError as error:
+            log.warning("tiny model cache %s not writable (%s): building in the run", root, error)
+            return _build(spec, template, seed, target)
+    else:
+        log.info("tiny %s model from the cache: %s", spec.architecture, entry)
+    shutil.copytree(entry, target, dirs_exist_ok=True)
+    return target
+
+
+def cache_root() -> Path | None:
+    """The cache directory (see the module docstring), None when turned off."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured is not None:
+        return Path(configured).expanduser() if configured else None
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mtprun"
+
+
+def tiny_key(spec: TinyModel, template: str, seed: int) -> str:
+    """The hex digest naming the folder of (`spec`, `template`, `seed`) as this code and these
+    library versions build it."""
+    digest = hashlib.sha256()
+    for part in (spec.model_dump_json(), template, str(seed)):
+        digest.update(part.encode() + b"\0")
+    for library in _LIBRARIES:
+        digest.update(f"{library}=={importlib.metadata.version(library)}\0".encode())
+    package = Path(mtprun.__file__).parent
+    for source in _BUILDER_SOURCES:
+        path = package / source
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+def _build_entry(spec: TinyModel, template: str, seed: int, entry: Path) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=entry.parent))
+    try:
+        _build(spec, template, seed, scratch)
+        try:
+            scratch.rename(entry)
+        except OSError:
+            if not (entry / "config.json").exists():  # not a concurrent build's entry
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _build(spec: TinyModel, template: str, seed: int, target: Path) -> Path:
+    log.info("building a tiny %s model in %s", spec.architecture, target)
+    # Here, not at module level: transformers' model classes (and the sklearn that its
+    # generation utilities import) cost ~5 CPU-s, which a run from a folder or the cache skips.
+    from mtprun.models.tiny import build_tiny_model
+
+    return build_tiny_model(spec, build_tokenizer(template), target, seed)
