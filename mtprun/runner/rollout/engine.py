@@ -40,6 +40,7 @@ from mtprun.runner.rollout.routing_capture import (
     take_capture,
 )
 from mtprun.runner.rollout.vllm_compat import draft_model, gpu_engine_args, reload_in_place
+from mtprun.runner.rollout.vllm_registry import inspect_models_in_process
 from mtprun.runner.usage_reporting import disable_usage_reporting
 from mtprun.spec.model import LoRASection
 from mtprun.spec.rollout import RolloutSection
@@ -121,9 +122,12 @@ def _serving(model_dir: Path) -> tuple[dict[str, Any], VllmServing]:
 
 
 def register_vllm_models() -> None:
-    """Every family's model classes that vLLM takes from mtprun (`VllmServing.register`)."""
+    """Every family's model classes that vLLM takes from mtprun (`VllmServing.register`); on
+    CPU machines, vLLM's inspection of model classes in this process (`vllm_registry`)."""
     for serving in {id(f.vllm): f.vllm for f in FAMILIES}.values():
         serving.register()
+    if not torch.cuda.is_available():
+        inspect_models_in_process()
 
 
 def served_dtype(model_dir: Path, trainer_dtype: str | None = None) -> str:

@@ -110,11 +110,13 @@ class RewardModelWorker:
 
         from mtprun.runner.rollout.engine import (
             configure_vllm_env,
+            register_vllm_models,
             served_dtype,
             vllm_config_overrides,
         )
 
         configure_vllm_env(Path(work_dir))
+        register_vllm_models()
         model_dir = Path(model)
         self.llm = LLM(
             model=str(model_dir),
