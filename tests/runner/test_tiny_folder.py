@@ -29,6 +29,7 @@ def test_runs_of_one_model_copy_the_folder_built_once(tmp_path, monkeypatch, cap
     direct = tiny_model_folder(spec, "chatml", seed, tmp_path / "direct")
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     with caplog.at_level(logging.INFO, logger=LOGGER):
+        caplog.clear()  # the direct build's record, where an earlier test left INFO on
         first = tiny_model_folder(spec, "chatml", seed, tmp_path / "run1" / "model")
         second = tiny_model_folder(spec, "chatml", seed, tmp_path / "run2" / "model")
     assert _files(first) == _files(second) == _files(direct)
