@@ -80,7 +80,8 @@ def _fla_backward(dtype: torch.dtype) -> bool:
     if not torch.is_grad_enabled():
         return True
     # Where TileLang takes fla's backward (`fla_backward_is_safe`), it takes 16-bit inputs only.
-    float32_on_tilelang = dtype == torch.float32 and _triton_backward_is_unsafe()
+    tilelang = _triton_backward_is_unsafe() and fla_backward_is_safe()
+    float32_on_tilelang = dtype == torch.float32 and tilelang
     if require_gdn_kernels() == FLA_BACKWARD and not float32_on_tilelang:
         return True
     if not FlaForwardTorchBackward.warned:

@@ -57,14 +57,13 @@ class TokenShard:
     @cached_property
     def width(self) -> int:
         """The most tokens any rank holds: every rank's keys are padded to it for the gather."""
-        return max(len(self._positions(r)) for r in range(self.size))
+        return max(sum(end - start for start, end in self._spans(r)) for r in range(self.size))
 
     @cached_property
     def spans(self) -> tuple[tuple[int, int], tuple[int, int]]:
         """(start, end) row positions of this rank's two chunks, early then late: its tokens
         are the first's, then the second's (`index`)."""
-        chunks = self.chunk_spans()
-        return chunks[self.rank], chunks[2 * self.size - 1 - self.rank]
+        return self._spans(self.rank)
 
     def key_order(self) -> torch.Tensor:
         """[num_tokens] index among the gathered keys (`key_positions` order) of each row
@@ -72,7 +71,7 @@ class TokenShard:
         order = torch.empty(self.num_tokens, dtype=torch.long)
         for rank in range(self.size):
             local = rank * self.width
-            for start, end in TokenShard(rank, self.size, self.num_tokens).spans:
+            for start, end in self._spans(rank):
                 order[start:end] = torch.arange(local, local + end - start)
                 local += end - start
         return order
@@ -112,16 +111,12 @@ class TokenShard:
         edges = [i * self.num_tokens // chunks for i in range(chunks + 1)]
         return list(itertools.pairwise(edges))
 
+    def _spans(self, rank: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        chunks = self.chunk_spans()
+        return chunks[rank], chunks[2 * self.size - 1 - rank]
+
     def _positions(self, rank: int) -> torch.Tensor:
-        chunks = 2 * self.size
-        edges = [i * self.num_tokens // chunks for i in range(chunks + 1)]
-        early, late = rank, chunks - 1 - rank
-        return torch.cat(
-            [
-                torch.arange(edges[early], edges[early + 1]),
-                torch.arange(edges[late], edges[late + 1]),
-            ]
-        )
+        return torch.cat([torch.arange(start, end) for start, end in self._spans(rank)])
 
 
 def gather_tokens(local: torch.Tensor, width: int, group: dist.ProcessGroup) -> torch.Tensor:
