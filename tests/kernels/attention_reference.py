@@ -1,5 +1,6 @@
 """What the GPU tests of packed attention share: a row's boundaries, a float32 per-sequence
-causal reference, an output with its q/k/v gradients, and a CUDA-event timing."""
+causal reference, an output with its q/k/v gradients, and a CUDA-event timing (which the
+gated delta test takes too)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ needs torch, triton, fla-core, pytest. Measured errors print with `-s`."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -27,6 +29,7 @@ from mtprun.kernels.gated_delta_fla import (
 )
 from mtprun.kernels.gated_delta_torch import chunk_gated_delta_rule_torch
 
+from .attention_reference import milliseconds
 from .gated_delta_reference import (
     gated_delta_inputs,
     grouped_key_heads,
@@ -166,16 +169,7 @@ def test_speed_report() -> None:
     cu_seqlens = inputs.pop("cu_seqlens")
     args = [inputs[n].cuda().requires_grad_() for n in NAMES]
 
-    def timed(step, repeats: int = 10) -> float:
-        for _ in range(2):
-            step()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeats):
-            step()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / repeats
+    timed = partial(milliseconds, repeats=10)
 
     def forward_backward(function) -> None:
         function(*args, cu_seqlens).backward(torch.ones_like(args[2]))
