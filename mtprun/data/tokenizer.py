@@ -35,11 +35,14 @@ def build_tokenizer(template: str) -> PreTrainedTokenizerFast:
 
 def tokenizer_size(template: str) -> int:
     """`len(build_tokenizer(template))`, without building it."""
-    return len(_char_vocab(get_chat_format(template).special_tokens))
+    return len(_char_vocab(_specials(get_chat_format(template).special_tokens)))
 
 
-def _char_vocab(special_tokens: Sequence[str]) -> dict[str, int]:
-    specials = [PAD_TOKEN, UNK_TOKEN, *special_tokens]
+def _specials(special_tokens: Sequence[str]) -> list[str]:
+    return [PAD_TOKEN, UNK_TOKEN, *special_tokens]
+
+
+def _char_vocab(specials: list[str]) -> dict[str, int]:
     return {token: i for i, token in enumerate([*specials, *CHARACTERS])}
 
 
@@ -51,8 +54,8 @@ def build_char_tokenizer(
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    specials = [PAD_TOKEN, UNK_TOKEN, *special_tokens]
-    vocab = _char_vocab(special_tokens)
+    specials = _specials(special_tokens)
+    vocab = _char_vocab(specials)
 
     backend = Tokenizer(models.WordLevel(vocab, unk_token=UNK_TOKEN))
     # Every character is its own word; special tokens are split out before this runs.
