@@ -15,7 +15,12 @@ import pytest
 pytest.importorskip("triton")
 
 REPO = Path(__file__).resolve().parents[2]
-INTERPRETED = ("test_triton_interpreted.py", "test_rope.py", "test_swiglu.py")
+INTERPRETED = (
+    "test_triton_interpreted.py",
+    "test_rope.py",
+    "test_swiglu.py",
+    "test_row_copies_triton.py",
+)
 # A launch's device-function calls patch triton.language once (interpreter_patching.py); the
 # plugins these modules do not use stay unloaded (~2.5 CPU-s of imports).
 PLUGINS = ["-p", "tests.kernels.interpreter_patching"]

@@ -30,6 +30,9 @@ from megatron.core.tensor_parallel import (
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
+
+from mtprun.runner.trainer.token_dispatch import RankDedupDispatcher
 
 # megatron-core 0.16's router GEMM tests `te_general_gemm is not None`, but without Transformer
 # Engine the name is never bound (NameError); unbound means "no TE": its torch path runs.
@@ -102,6 +105,13 @@ class TensorParallelMoELayer(MoELayer):
             config = copy.copy(config)
             config.sequence_parallel = True
         super().__init__(config, submodules, **kwargs)
+        # Each token crosses to an expert rank once, not once per expert (token_dispatch.py).
+        self.token_dispatcher = RankDedupDispatcher(
+            self.num_local_experts,
+            self.local_expert_indices,
+            config=self.config,
+            pg_collection=kwargs.get("pg_collection") or get_default_pg_collection(),
+        )
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any):
         if not self.split_tokens:
