@@ -94,7 +94,13 @@ def model_folder(shape: MoEShape, max_seq: int, root: Path, device: str) -> Path
 
 
 def run_mtprun(folder: Path, batch, args: argparse.Namespace, layout: dict) -> list[float]:
+    from mtprun.runner.trainer import experts
     from mtprun.runner.trainer.trainer import Trainer
+
+    if args.dispatcher == "megatron":  # the side-by-side row: megatron-core's own exchange
+        from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+        experts.RankDedupDispatcher = MoEAlltoAllTokenDispatcher
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     trainer_section = {
@@ -178,6 +184,7 @@ def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> 
            "tokens_per_gpu": args.step_tokens}  # fmt: skip
     if trainer == "mtprun":
         row["optimizer_state"] = args.optimizer_state
+        row["dispatcher"] = args.dispatcher
     try:
         times = (
             run_mtprun(folder, batch, args, layout)
@@ -214,6 +221,15 @@ def _rank_process(rank, port, out, folder, shape, args, layout) -> None:
     destroy_parallel()
 
 
+def _runs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(trainer, dispatcher) of each row: mtprun once per dispatcher; with ep > 1 only mtprun."""
+    runs = []
+    for trainer in args.trainers.split(","):
+        dispatchers = args.dispatchers.split(",") if trainer == "mtprun" else ["-"]
+        runs += [(trainer, dispatcher) for dispatcher in dispatchers]
+    return [run for run in runs if args.ep == 1 or run[0] == "mtprun"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
@@ -229,6 +245,11 @@ def main() -> None:
         "--optimizer-state", default="float32", choices=("float32", "bfloat16"),
         help="mtprun's AdamW moments (trainer.optimizer_state)",
     )  # fmt: skip
+    parser.add_argument(
+        "--dispatchers", default="dedup",
+        help="mtprun's token exchange, comma-separated for side-by-side rows: dedup (mtprun's "
+        "RankDedupDispatcher), megatron (megatron-core's all-to-all dispatcher)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", type=Path)
@@ -243,19 +264,17 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = model_folder(shape, args.seq, Path(tmp), args.device)
-        if args.ep > 1:
-            layout = {"dp": args.ep, "ep": args.ep}
-            rows = spawn_ranks(_rank_process, args.ep, (folder, shape, args, layout),
-                               gpus=args.device == "cuda")  # fmt: skip
-            print(json.dumps(rows[0]), flush=True)
-        else:
-            for trainer in args.trainers.split(","):
+        for trainer, dispatcher in _runs(args):
+            args.dispatcher = dispatcher
+            if args.ep > 1:
+                layout = {"dp": args.ep, "ep": args.ep}
+                rows += spawn_ranks(_rank_process, args.ep, (folder, shape, args, layout),
+                                    gpus=args.device == "cuda")  # fmt: skip
+            else:
                 rows.append(measure(trainer, folder, shape, args, {}))
-                print(json.dumps(rows[-1]), flush=True)
-                if args.json:
-                    args.json.write_text(json.dumps(rows, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+            print(json.dumps(rows[-1]), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
