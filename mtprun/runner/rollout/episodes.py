@@ -253,7 +253,15 @@ class _Episode:
 
 
 class EpisodeCollector:
-    def __init__(self, recipe: Recipe, model_dir: Path, pool: RolloutPool) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        model_dir: Path,
+        pool: RolloutPool,
+        scorer: EpisodeScorer | None = None,
+    ) -> None:
+        """`scorer`: the task's, made beforehand (wait False) so that its served reward
+        models load while the engines do; by default made here."""
         if recipe.task is None:
             raise ValueError("an RL stage needs a `task:` section")
         self.task_section = recipe.task
@@ -268,7 +276,10 @@ class EpisodeCollector:
             if recipe.task.environment
             else self.task.environment
         )
-        self.scorer = EpisodeScorer.for_task(recipe.task, ScorerPlacement.of(recipe))
+        if scorer is None:
+            scorer = EpisodeScorer.for_task(recipe.task, ScorerPlacement.of(recipe), wait=False)
+        scorer.wait_started()
+        self.scorer = scorer
         self.renderer = folder_renderer(model_dir, recipe.task.renderer)
         self._warned_unprinted_tools = False
         # Imported here: the auto classes cost ~0.9 CPU-seconds, which a process that imports

@@ -100,7 +100,8 @@ class EpisodeScorer:
     (unscored); without a reward (an environment meant to reward every episode) one it did not
     reward is an error.
     Served reward models start here, as Ray actors placed by `placement`: one per model
-    folder and kind, shared by the rewards that serve it.
+    folder and kind, shared by the rewards that serve it. With `wait` False they load in the
+    background until `wait_started` (the run's driver starts its rollout engines meanwhile).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class EpisodeScorer:
         timeout_s: float,
         on_error: float | str,
         placement: ScorerPlacement | None = None,
+        wait: bool = True,
     ) -> None:
         self.on_error = on_error
         self.combined = isinstance(reward, list | tuple)
@@ -131,6 +133,12 @@ class EpisodeScorer:
         self._terms: list[_Term] = []
         for name, weight, plan in plans:
             self._terms.append(self._term(name, weight, plan, references, placement, timeout_s))
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
+        """Returns once every served reward model has loaded; when one failed to, closes the
+        scorer and raises that model's RuntimeError."""
         try:
             for served in self.served.values():
                 served.wait_started()
@@ -167,11 +175,18 @@ class EpisodeScorer:
         return _Term(name, weight, submit=judge.submit)
 
     @classmethod
-    def for_task(cls, task: Any, placement: ScorerPlacement | None = None) -> EpisodeScorer:
+    def for_task(
+        cls, task: Any, placement: ScorerPlacement | None = None, wait: bool = True
+    ) -> EpisodeScorer:
         """The scorer of `task`; `placement`: where its served reward models run."""
         reward = task.rewards if task.rewards is not None else task.effective_reward
         return cls(
-            reward, task.reward_workers, task.reward_timeout_s, task.reward_on_error, placement
+            reward,
+            task.reward_workers,
+            task.reward_timeout_s,
+            task.reward_on_error,
+            placement,
+            wait,
         )
 
     def score(

@@ -33,6 +33,8 @@ from mtprun.runner.placement import Placement
 from mtprun.runner.rollout.engine import routed_experts_problem
 from mtprun.runner.rollout.episodes import EpisodeCollector
 from mtprun.runner.rollout.pool import RolloutPool
+from mtprun.runner.rollout.rewards import EpisodeScorer
+from mtprun.runner.rollout.scorers import ScorerPlacement
 from mtprun.runner.run import checkpoint
 from mtprun.runner.run.colocation import Colocation
 from mtprun.runner.run.evaluation import Evaluator
@@ -80,6 +82,7 @@ class Driver:
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
         self.collector: EpisodeCollector | None = None  # the GRPO stage's episodes and rewards
+        self.scorer: EpisodeScorer | None = None  # the collector's, started before the engines
         self.sync: WeightSync | None = None  # the trainer's weights into the pool's engines
         self.placement: Placement | None = None  # where the actors run (once Ray is up)
         self.colocation: Colocation | None = None  # colocated GRPO: the GPUs' handovers
@@ -229,6 +232,7 @@ class Driver:
             if self.placement.colocate:
                 # The engines size their KV cache by the memory the trainer leaves them.
                 self.trainer.offload()
+            self.scorer = self._start_scorer(stage)
             self.pool = RolloutPool.start(
                 self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
             )
@@ -244,7 +248,9 @@ class Driver:
             # adapters, which model.lora.path makes nonzero from the start.
             if resume_from is not None or stage.recipe.model.lora is not None:
                 self.sync.push()
-            collector = self.collector = EpisodeCollector(stage.recipe, start_dir, self.pool)
+            collector = self.collector = EpisodeCollector(
+                stage.recipe, start_dir, self.pool, self.scorer
+            )
             evaluator = Evaluator(stage.recipe, collector) if stage.recipe.eval else None
             generate = partial(generate_rollout, pool=self.pool, collector=collector, stage=stage)
             step_fn = partial(
@@ -363,6 +369,18 @@ class Driver:
                     f"{stage.offset}); the checkpoint is inconsistent: resume from an earlier one"
                 )
 
+    def _start_scorer(self, stage: Stage) -> EpisodeScorer | None:
+        """The GRPO stage's reward scorer, its served reward models loading from now on, beside
+        the rollout engines that start next (Ray holds both at once: connect_ray checked
+        ActorDemand, which counts them). None (the collector makes it after the engines, as
+        before) where a fractional resources.gpus_per_actor lets a reward model share an
+        engine's GPU: vLLM sizes an engine's memory by what its GPU has free as it loads, which
+        another engine loading at the same time would skew."""
+        recipe = stage.recipe
+        if 0 < recipe.resources.gpus_per_actor < 1:
+            return None
+        return EpisodeScorer.for_task(recipe.task, ScorerPlacement.of(recipe), wait=False)
+
     def _stage_start_dir(self, stage: Stage) -> Path:
         """The HF folder the stage starts from: the model, or the previous stage's result."""
         if stage.offset == 0:
@@ -373,10 +391,12 @@ class Driver:
         """Stop the rollout engines and reward workers (and the trainer actors)."""
         if self.collector is not None:
             self.collector.close()
+        elif self.scorer is not None:  # started before a failure kept the collector from it
+            self.scorer.close()
         for engines in (self.pool, self.trainer if trainer else None):
             if engines is not None:
                 engines.shutdown()
-        self.pool = self.collector = self.sync = self.colocation = None
+        self.pool = self.collector = self.scorer = self.sync = self.colocation = None
         if trainer:
             self.trainer = None
 
