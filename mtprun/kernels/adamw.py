@@ -49,6 +49,7 @@ def adamw_kernel(
     m_ptr,
     v_ptr,
     numel,
+    grad_scale,
     decay,
     beta1,
     beta2,
@@ -64,7 +65,7 @@ def adamw_kernel(
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < numel
     p = tl.load(p_ptr + offsets, mask=inside).to(tl.float32)
-    g = tl.load(g_ptr + offsets, mask=inside).to(tl.float32)
+    g = tl.load(g_ptr + offsets, mask=inside).to(tl.float32) * grad_scale
     m = tl.load(m_ptr + offsets, mask=inside).to(tl.float32)
     v = tl.load(v_ptr + offsets, mask=inside).to(tl.float32)
     p = p * decay
@@ -93,11 +94,14 @@ def adamw_step_(
     weight_decay: float,
     step: int,
     seed: int,
+    grad_scale: float = 1.0,
 ) -> None:
     """One AdamW step (module docstring) of `param` in place, `step` the 1-based count this
-    update makes. `exp_avg` and `exp_avg_sq` (one dtype: float32, or bfloat16 rounded
-    stochastically with random bits from `seed`) are updated in place; `grad` is read in any
-    float dtype. Every tensor contiguous, of one shape."""
+    update makes, the gradient taken as `grad_scale` g (gradient clipping's coefficient,
+    applied here rather than by a pass over the gradients before the step). `exp_avg` and
+    `exp_avg_sq` (one dtype: float32, or bfloat16 rounded stochastically with random bits from
+    `seed`) are updated in place; `grad` is read in any float dtype. Every tensor contiguous,
+    of one shape."""
     tensors = (param, grad, exp_avg, exp_avg_sq)
     if any(t.shape != param.shape or not t.is_contiguous() for t in tensors):
         raise ValueError("adamw_step_ takes contiguous tensors of one shape")
@@ -117,6 +121,7 @@ def adamw_step_(
         exp_avg,
         exp_avg_sq,
         numel,
+        grad_scale,
         1.0 - lr * weight_decay,
         beta1,
         beta2,

@@ -43,7 +43,8 @@ def _run(optimizer, params, grads) -> None:
         optimizer.step()
 
 
-def test_float32_moments_step_exactly_as_torch_adamw() -> None:
+@pytest.mark.parametrize("grad_scale", [1.0, 0.37])
+def test_float32_moments_step_exactly_as_torch_adamw(grad_scale: float) -> None:
     params, reference = _params(0), _params(0)
     moments = [(torch.zeros_like(p), torch.zeros_like(p)) for p in params]
     torch_adamw = torch.optim.AdamW(reference, **HYPER)
@@ -52,9 +53,9 @@ def test_float32_moments_step_exactly_as_torch_adamw() -> None:
             with torch.no_grad():
                 adamw_step_(
                     param, grad, m, v, lr=1e-2, beta1=0.9, beta2=0.999, eps=1e-8,
-                    weight_decay=0.1, step=step, seed=step,
+                    weight_decay=0.1, step=step, seed=step, grad_scale=grad_scale,
                 )  # fmt: skip
-            ref.grad = grad.clone()
+            ref.grad = grad * grad_scale
         torch_adamw.step()
     for param, ref, (m, v) in zip(params, reference, moments, strict=True):
         torch.testing.assert_close(param, ref, rtol=1e-6, atol=1e-6)
@@ -80,6 +81,18 @@ def test_bf16_moments_track_torch_adamw() -> None:
         torch.testing.assert_close(
             state["exp_avg"].float(), theirs.state[ref]["exp_avg"], rtol=2e-2, atol=4e-3
         )
+
+
+def test_a_grad_scale_divides_the_gradients() -> None:
+    # How the clip coefficient reaches the step (clip_in_step.py): torch's `grad_scale`.
+    scaled, plain = _params(3), _params(3)
+    grads = _grads(scaled, 2, seed=4)
+    divided = AdamWBF16Moments(scaled, **HYPER)
+    divided.grad_scale = torch.tensor(4.0)
+    _run(divided, scaled, grads)
+    _run(AdamWBF16Moments(plain, **HYPER), plain, [[g / 4 for g in step] for step in grads])
+    for a, b in zip(scaled, plain, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_stochastic_rounding_keeps_the_second_moment_unbiased() -> None:

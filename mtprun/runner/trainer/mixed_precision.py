@@ -10,7 +10,8 @@ share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-s
 that each rank keeps the slice it steps. Megatron-core's distributed optimizer keeps float32
 master weights and the Adam state of that slice only (sharded over the data-parallel x
 context-parallel ranks), clips by the whole model's norm (tensor-parallel duplicates and a
-tied output-layer copy counted once, pipeline stages summed) and all-gathers the stepped
+tied output-layer copy counted once, pipeline stages summed; the clip coefficient applied by
+the AdamW kernel as it loads each gradient, `clip_in_step`) and all-gathers the stepped
 slices back into the bf16 weights.
 
 `trainer.optimizer_state: bfloat16` keeps AdamW's two moments in bfloat16 (4 bytes a parameter
@@ -38,6 +39,7 @@ from mtprun.runner.trainer.apex_standins import (
     accumulate_wgrad_in_main_grad,
     use_foreach_multi_tensor_ops,
 )
+from mtprun.runner.trainer.clip_in_step import fold_clipping_into_step
 from mtprun.runner.trainer.embedding_grad import accumulate_embedding_grad_in_main_grad
 from mtprun.runner.trainer.optim import lr_factor
 from mtprun.spec.trainer import TrainerSection
@@ -95,6 +97,8 @@ class MegatronMixedPrecision:
                 _keep_moments_in_bf16(shard)
             else:
                 _fuse_adam(shard.optimizer)
+        inner = [shard.optimizer for shard in self._shards()]
+        fold_clipping_into_step(o for o in inner if o is not None and _takes_a_divisor(o))
         self.steps = 0
 
     @property
@@ -208,6 +212,14 @@ def _fuse_adam(optimizer: torch.optim.Optimizer) -> None:
             group.update(fused=True, foreach=False)
 
 
+def _takes_a_divisor(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer`'s step divides each gradient by its `grad_scale` (clip_in_step)."""
+    if isinstance(optimizer, AdamWBF16Moments):
+        return True
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and fused
+
+
 def _keep_moments_in_bf16(shard: Any) -> None:
     """Replace the distributed optimizer `shard`'s inner torch AdamW by AdamWBF16Moments on
     the same parameter groups (the float32 master shards), its state allocated now: megatron-
@@ -266,6 +278,10 @@ class AdamWBF16Moments(torch.optim.AdamW):
             with torch.enable_grad():
                 loss = closure()
         self.init_state()
+        # torch's optimizers read a gradient divisor here (GradScaler's unscale, and the
+        # clip coefficient: clip_in_step.py), a host tensor: no device read.
+        divisor = getattr(self, "grad_scale", None)
+        grad_scale = 1.0 if divisor is None else 1.0 / float(divisor)
         for group in self.param_groups:
             if group["amsgrad"] or group["maximize"]:
                 raise ValueError("AdamWBF16Moments does not do amsgrad or maximize")
@@ -290,6 +306,7 @@ class AdamWBF16Moments(torch.optim.AdamW):
                     weight_decay=group["weight_decay"],
                     step=step,
                     seed=hash((self.seed, step)),
+                    grad_scale=grad_scale,
                 )
         return loss
 
