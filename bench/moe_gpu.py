@@ -72,8 +72,14 @@ CPU_SHAPE = MoEShape(hidden=64, layers=2, heads=2, kv_heads=2, head_dim=32, expe
 
 
 def model_folder(shape: MoEShape, max_seq: int, root: Path, device: str) -> Path:
-    """A random-init Qwen3-MoE folder of `shape` (bf16 on a GPU), with a tokenizer."""
+    """A random-init Qwen3-MoE folder of `shape` (bf16 on a GPU), with a tokenizer; one that
+    `root` already holds is reused (8 layers take minutes to build and write)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    folder = root / f"qwen3-moe-{shape.layers}l-{str(dtype).removeprefix('torch.')}"
+    if (folder / "config.json").exists():
+        return folder
 
     config = Qwen3MoeConfig(
         vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=6144,
@@ -84,10 +90,8 @@ def model_folder(shape: MoEShape, max_seq: int, root: Path, device: str) -> Path
         mlp_only_layers=[], max_position_embeddings=max(max_seq, 4096), rope_theta=1e6,
         tie_word_embeddings=False,
     )  # fmt: skip
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device(device):
         model = Qwen3MoeForCausalLM(config).to(dtype)
-    folder = root / "qwen3-moe"
     model.save_pretrained(folder)
     build_tokenizer("chatml").save_pretrained(folder)
     return folder
@@ -253,6 +257,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--model-dir", type=Path, help="keep (and reuse) the model folders here")
     parser.add_argument("--profile", action="store_true", help="profile one mtprun step")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cpu-dry-run", action="store_true")
@@ -263,7 +268,7 @@ def main() -> None:
         args.seq, args.step_tokens, args.warmup, args.steps = 64, 256, 1, 1
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = model_folder(shape, args.seq, Path(tmp), args.device)
+        folder = model_folder(shape, args.seq, args.model_dir or Path(tmp), args.device)
         for trainer, dispatcher in _runs(args):
             args.dispatcher = dispatcher
             if args.ep > 1:
