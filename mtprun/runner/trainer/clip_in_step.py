@@ -7,8 +7,9 @@ shape (4 layers, 3.1B parameters) on an H100. Both AdamW kernels the trainer ste
 gradient divisor: torch's fused AdamW reads the optimizer's `grad_scale` (how GradScaler
 unscales) and divides each gradient by it as it loads it, and `AdamWBF16Moments` does the same.
 So where c < 1 the clip sets `grad_scale = 1 / c` on the optimizer that owns the parameters,
-and otherwise clears it; the gradients themselves are left unscaled (nothing reads them
-between the clip and the step). Any other optimizer (SGD, an unfused AdamW) is clipped by
+and otherwise clears it. `AdamWBF16Moments` leaves the gradients as they were, which saves the
+whole pass; torch's kernel writes each divided gradient back (GradScaler's contract), which
+saves the pass's read only. Any other optimizer (SGD, an unfused AdamW) is clipped by
 megatron-core's own function, as are parameters that no one optimizer owns.
 """
 
