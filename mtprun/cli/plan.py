@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
@@ -463,11 +464,36 @@ def _experts_layout(recipe: Recipe, memory: TrainerMemory | str) -> dict | None:
         "sparse_layers": len(sparse),
         "dense_layers": [i for i in range(shape.layers) if not shape.is_moe_layer(i)],
         "expert_data_parallel": recipe.parallel.dp * recipe.parallel.cp // ep,
+        "sent_copies_per_token": _sent_copies(moe.count, moe.top_k, ep),
     }
     if not isinstance(memory, str):
         layout["rank_sparse_layers"] = memory.sparse_layers
         layout["rank_expert_params"] = memory.expert_params
     return layout
+
+
+def _sent_copies(experts: int, top_k: int, ep: int) -> float:
+    """Rows a token sends under uniform routing (RankDedupDispatcher: one to each rank that
+    holds any of its top_k experts): ep P(a rank holds one), 0 without expert parallelism."""
+    if ep == 1:
+        return 0.0
+    missed = math.comb(experts - experts // ep, top_k) / math.comb(experts, top_k)
+    return round(ep * (1 - missed), 2)
+
+
+def _exchange_text(layout: dict) -> str:
+    k, ep = layout["top_k"], layout["ep"]
+    if ep == 1:
+        return (
+            f"none (parallel.ep 1): each token is copied to its {k} experts on its own rank and "
+            "their outputs summed back in float32"
+        )
+    return (
+        f"all-to-all over the {ep} expert-parallel ranks: each token sent once to each rank "
+        f"that holds any of its {k} experts ({layout['sent_copies_per_token']:g} copies a token "
+        f"under uniform routing, where one per expert would be {k}), then copied to its "
+        "experts there"
+    )
 
 
 def _router(shape: ModelShape) -> str:
@@ -509,6 +535,7 @@ def _experts_table(layout: dict) -> Table:
         held = layout["rank_sparse_layers"] * per_rank
         rank += f"; {held} on a rank ({layout['rank_sparse_layers']} sparse layers)"
     table.add_row("experts per rank", rank)
+    table.add_row("token exchange", _exchange_text(layout))
     if "rank_expert_params" in layout:
         n = layout["rank_expert_params"]
         count = f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"

@@ -85,6 +85,7 @@ def test_plan_shows_the_experts_per_rank_of_a_tiny_moe(capsys, monkeypatch) -> N
     assert "experts per rank │ 8 of 8 a sparse layer (parallel.ep 1: 8 / 1); 16 on a rank" in out
     assert "expert parameters per rank │ 0.39 M" in out  # 2 layers x 8 x 3 x 128 x 64
     assert "each expert lives on one rank (dp x cp / ep = 1): not summed" in out
+    assert "token exchange │ none (parallel.ep 1): each token is copied to its 2 experts" in out
     assert "512 tokens x 2 layers (2 sparse) x 1 micro batch in flight" in out
 
 
@@ -104,6 +105,13 @@ def test_plan_shows_a_qwen3_30b_a3b_split_over_eight_expert_parallel_ranks(
         "(48 sparse layers)" in out
     )
     assert "expert parameters per rank │ 3.62 B" in out  # 48 x 16 x 3 x 2048 x 768
+    # 8 ranks of 16 experts, 8 experts a token: the ranks it reaches, 8 (1 - C(112, 8) /
+    # C(128, 8)) = 5.34 (20,000 random draws: 5.342).
+    assert (
+        "token exchange │ all-to-all over the 8 expert-parallel ranks: each token sent once to "
+        "each rank that holds any of its 8 experts (5.34 copies a token under uniform routing, "
+        "where one per expert would be 8)" in out
+    )
     assert (
         f"weights │ {gib['weights']} │ bf16 compute weights; 16 experts of each sparse layer"
         in (out)
@@ -148,6 +156,7 @@ def test_plan_json_carries_trunk_terms_and_the_experts(tmp_path, capsys) -> None
         "sparse_layers": 48,
         "dense_layers": [],
         "expert_data_parallel": 1,
+        "sent_copies_per_token": 5.34,
         "rank_sparse_layers": 48,
         "rank_expert_params": 48 * 16 * 3 * 2048 * 768,
     }
