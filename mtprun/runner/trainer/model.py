@@ -134,8 +134,10 @@ def moe_config_options(shape: ModelShape, moe: MoEOptions) -> dict[str, Any]:
     top k equal a softmax over the top-k logits (`moe_router_pre_softmax` off); without
     renormalisation the softmax runs over every expert first. Sigmoid scores with a
     correction bias are its `moe_router_enable_expert_bias` (the bias only chooses, and the
-    trainer never updates it: it is the checkpoint's). Tokens move with the all-to-all
-    dispatcher; the experts are `GroupedExperts`. Routing runs in float32.
+    trainer never updates it: it is the checkpoint's). Tokens move with
+    `RankDedupDispatcher` (TensorParallelMoELayer sets it in place of the all-to-all
+    dispatcher megatron-core builds from this config); the experts are `GroupedExperts`.
+    Routing runs in float32.
     """
     experts = shape.experts
     if experts is None:
