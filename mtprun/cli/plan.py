@@ -13,6 +13,7 @@ from rich.table import Table
 
 from mtprun.cli.diagnostics import EXIT_INVALID, print_diagnostics
 from mtprun.cli.plan_experts import experts_layout, experts_table
+from mtprun.cli.tables import key_value_table
 
 if TYPE_CHECKING:
     from mtprun.compiler import HeadPlan
@@ -204,9 +205,7 @@ def _reward_models_table(recipe: Recipe, models: list[dict]) -> Table:
 
 def _loop_table(recipe: Recipe) -> Table:
     loop = _rollout_loop(recipe)
-    table = Table(title="RL loop", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table("RL loop")
     k = loop["max_staleness"]
     table.add_row(
         "rollouts",
@@ -288,9 +287,7 @@ def _cost(recipe: Recipe, plan: HeadPlan, head: list[int] | None) -> HeadCost | 
 
 
 def _overview(recipe: Recipe, plan: HeadPlan, cost: HeadCost | str) -> Table:
-    table = Table(title=f"{recipe.name}: HeadPlan {plan.hash}", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table(f"{recipe.name}: HeadPlan {plan.hash}")
     table.add_row("statistics", ", ".join(plan.stats))
     table.add_row("metrics", ", ".join(plan.metrics))
     table.add_row("mask compaction", "on: rows outside the loss mask skip all vocab work")
@@ -399,9 +396,7 @@ def _lora_summary(recipe: Recipe, memory: TrainerMemory | str, plan: HeadPlan) -
 
 
 def _lora_table(lora: dict) -> Table:
-    table = Table(title="LoRA", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table("LoRA")
     table.add_row(
         "adapters",
         f"rank {lora['rank']}, alpha {lora['alpha']:g} (scaling {lora['scaling']:g}), dropout "

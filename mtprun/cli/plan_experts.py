@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from mtprun.cli.tables import key_value_table
+
 if TYPE_CHECKING:
     from mtprun.models.shape import ModelShape
     from mtprun.preflight.memory import TrainerMemory
@@ -84,9 +86,7 @@ def _router(shape: ModelShape) -> str:
 
 
 def experts_table(layout: dict) -> Table:
-    table = Table(title="mixture of experts", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table = key_value_table("mixture of experts")
     shared = layout["shared_intermediate"]
     table.add_row(
         "experts",
