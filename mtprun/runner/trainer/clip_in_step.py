@@ -40,10 +40,10 @@ def _clip_in_step(
     parameters: list[torch.Tensor], max_norm: float, total_norm: float, *args: Any, **kwargs: Any
 ) -> None:
     """megatron-core's clip_grad_by_total_norm_fp32, folded into the owner's step."""
-    owners = {id(getattr(p, _OWNER, None)): getattr(p, _OWNER, None) for p in parameters}
+    owners = {getattr(p, _OWNER, None) for p in parameters}
     coefficient = max_norm / (total_norm + 1.0e-6)  # megatron-core's
     # An infinite norm (coefficient 0) has no divisor: megatron-core zeroes the gradients.
-    if len(owners) != 1 or None in owners.values() or coefficient == 0.0:
+    if len(owners) != 1 or None in owners or coefficient == 0.0:
         return _megatron_clip(parameters, max_norm, total_norm, *args, **kwargs)
-    (owner,) = owners.values()
+    (owner,) = owners
     owner.grad_scale = torch.tensor(1.0 / coefficient) if coefficient < 1.0 else None
