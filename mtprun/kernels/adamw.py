@@ -1,5 +1,6 @@
 """`adamw_step_`: one AdamW step of one parameter tensor in one Triton launch, its two moments
-stored in float32 or in bfloat16 (`trainer.optimizer_state`), on CUDA.
+stored in float32 or in bfloat16 (`trainer.optimizer_state`), on CUDA, optionally writing the
+updated parameter's bf16 model copy in the same pass.
 
 For a parameter p (float32: the distributed optimizer's master copy), its gradient g, the
 moments m and v, and step t (1-based):
@@ -42,12 +43,22 @@ def _round_to_bf16(x, seed):
     return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
 
 
+@triton.jit
+def _round_to_nearest_bf16(x):
+    """float32 -> bfloat16 rounded to nearest, ties to even, as torch's casts round; in bits,
+    because the Triton interpreter's cast truncates (how CPU tests run this kernel)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+
 @triton.jit(do_not_specialize=["seed_m", "seed_v"])
 def adamw_kernel(
     p_ptr,
     g_ptr,
     m_ptr,
     v_ptr,
+    copy_ptr,
     numel,
     grad_scale,
     decay,
@@ -59,6 +70,7 @@ def adamw_kernel(
     seed_m,
     seed_v,
     STOCHASTIC: tl.constexpr,
+    COPY: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Elements [i BLOCK, (i+1) BLOCK) of one parameter, updated in place."""
@@ -73,6 +85,11 @@ def adamw_kernel(
     v = beta2 * v + (1.0 - beta2) * g * g
     p = p - step_size * m / (tl.sqrt(v) / bias_correction2_sqrt + eps)
     tl.store(p_ptr + offsets, p.to(p_ptr.dtype.element_ty), mask=inside)
+    if COPY:
+        if copy_ptr.dtype.element_ty == tl.bfloat16:
+            tl.store(copy_ptr + offsets, _round_to_nearest_bf16(p), mask=inside)
+        else:
+            tl.store(copy_ptr + offsets, p.to(copy_ptr.dtype.element_ty), mask=inside)
     if STOCHASTIC:
         tl.store(m_ptr + offsets, _round_to_bf16(m, seed_m), mask=inside)
         tl.store(v_ptr + offsets, _round_to_bf16(v, seed_v), mask=inside)
@@ -95,14 +112,19 @@ def adamw_step_(
     step: int,
     seed: int,
     grad_scale: float = 1.0,
+    model_copy: torch.Tensor | None = None,
 ) -> None:
     """One AdamW step (module docstring) of `param` in place, `step` the 1-based count this
     update makes, the gradient taken as `grad_scale` g (gradient clipping's coefficient,
     applied here rather than by a pass over the gradients before the step). `exp_avg` and
     `exp_avg_sq` (one dtype: float32, or bfloat16 rounded stochastically with random bits from
-    `seed`) are updated in place; `grad` is read in any float dtype. Every tensor contiguous,
-    of one shape."""
+    `seed`) are updated in place; `grad` is read in any float dtype. `model_copy` (any float
+    dtype, e.g. the bf16 weights the model computes with) receives the updated parameter,
+    rounded to nearest: one read of the parameter less than a copy after the step. Every tensor
+    contiguous, of one shape."""
     tensors = (param, grad, exp_avg, exp_avg_sq)
+    if model_copy is not None:
+        tensors += (model_copy,)
     if any(t.shape != param.shape or not t.is_contiguous() for t in tensors):
         raise ValueError("adamw_step_ takes contiguous tensors of one shape")
     if exp_avg.dtype != exp_avg_sq.dtype or exp_avg.dtype not in (torch.float32, torch.bfloat16):
@@ -120,6 +142,7 @@ def adamw_step_(
         grad,
         exp_avg,
         exp_avg_sq,
+        param if model_copy is None else model_copy,
         numel,
         grad_scale,
         1.0 - lr * weight_decay,
@@ -131,6 +154,7 @@ def adamw_step_(
         seed_m,
         seed_v,
         STOCHASTIC=exp_avg.dtype == torch.bfloat16,
+        COPY=model_copy is not None,
         BLOCK=_BLOCK,
         num_warps=8,
     )

@@ -1,5 +1,5 @@
-"""AdamW with bfloat16 moments (`trainer.optimizer_state: bfloat16`): the Triton step
-(`mtprun.kernels.adamw`) and `AdamWBF16Moments` against torch's AdamW. Runs on CUDA, or on CPU
+"""The trainer's AdamW: the Triton step (`mtprun.kernels.adamw`) and `TritonAdamW`, with float32
+or bfloat16 moments (`trainer.optimizer_state`), against torch's AdamW. Runs on CUDA, or on CPU
 under the Triton interpreter (`test_adamw_interpreted.py` runs this module in a process with
 TRITON_INTERPRET=1)."""
 
@@ -20,9 +20,10 @@ else:
     pytest.skip("needs CUDA or TRITON_INTERPRET=1", allow_module_level=True)
 
 from mtprun.kernels.adamw import adamw_step_  # after the skip: it imports triton
-from mtprun.runner.trainer.mixed_precision import AdamWBF16Moments
+from mtprun.runner.trainer.triton_adamw import TritonAdamW
 
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1}
+BF16_MOMENTS = {**HYPER, "moments_dtype": torch.bfloat16}
 
 
 def _params(seed: int) -> list[torch.nn.Parameter]:
@@ -65,9 +66,39 @@ def test_float32_moments_step_exactly_as_torch_adamw(grad_scale: float) -> None:
         torch.testing.assert_close(v, torch_adamw.state[ref]["exp_avg_sq"], rtol=5e-5, atol=1e-8)
 
 
+def test_float32_moments_and_the_model_copy_step_as_torch_adamw() -> None:
+    params, reference = _params(8), _params(8)
+    copies = [torch.empty_like(p, dtype=torch.bfloat16) for p in params]
+    ours, theirs = TritonAdamW(params, **HYPER), torch.optim.AdamW(reference, **HYPER)
+    ours.model_weights = lambda: dict(zip(params, copies, strict=True))
+    grads = _grads(params, 3, seed=9)
+    _run(ours, params, grads)
+    _run(theirs, reference, grads)
+    for param, ref, model_copy in zip(params, reference, copies, strict=True):
+        state = ours.state[param]
+        assert state["exp_avg"].dtype == torch.float32 and int(state["step"]) == 3
+        torch.testing.assert_close(param, ref, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(state["exp_avg"], theirs.state[ref]["exp_avg"])
+        # The bf16 weights the model computes with: the master rounded to nearest, as
+        # megatron-core's copy after the step rounds them.
+        assert torch.equal(model_copy, param.detach().to(torch.bfloat16))
+
+
+def test_the_model_copy_rounds_ties_to_even_as_torch_does() -> None:
+    # lr 0 leaves the master as it was: its copy is then exactly torch's cast of it.
+    ulp = 2.0**-7  # bf16's spacing in [1, 2)
+    halfway = [1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), 1 + ulp / 2 + 2.0**-20, 0.1]
+    param = torch.tensor(halfway, device=DEVICE)
+    grad, m, v = (torch.zeros_like(param) for _ in range(3))
+    model_copy = torch.empty_like(param, dtype=torch.bfloat16)
+    hyper = {"lr": 0.0, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+    adamw_step_(param, grad, m, v, **hyper, step=1, seed=0, model_copy=model_copy)
+    assert torch.equal(model_copy, param.to(torch.bfloat16))
+
+
 def test_bf16_moments_track_torch_adamw() -> None:
     params, reference = _params(2), _params(2)
-    ours, theirs = AdamWBF16Moments(params, **HYPER), torch.optim.AdamW(reference, **HYPER)
+    ours, theirs = TritonAdamW(params, **BF16_MOMENTS), torch.optim.AdamW(reference, **HYPER)
     grads = _grads(params, 5, seed=3)
     _run(ours, params, grads)
     _run(theirs, reference, grads)
@@ -87,10 +118,10 @@ def test_a_grad_scale_divides_the_gradients() -> None:
     # How the clip coefficient reaches the step (clip_in_step.py): torch's `grad_scale`.
     scaled, plain = _params(3), _params(3)
     grads = _grads(scaled, 2, seed=4)
-    divided = AdamWBF16Moments(scaled, **HYPER)
+    divided = TritonAdamW(scaled, **BF16_MOMENTS)
     divided.grad_scale = torch.tensor(4.0)
     _run(divided, scaled, grads)
-    _run(AdamWBF16Moments(plain, **HYPER), plain, [[g / 4 for g in step] for step in grads])
+    _run(TritonAdamW(plain, **BF16_MOMENTS), plain, [[g / 4 for g in step] for step in grads])
     for a, b in zip(scaled, plain, strict=True):
         assert torch.equal(a, b)
 
@@ -135,7 +166,7 @@ def test_equal_tensors_stay_equal_wherever_they_sit() -> None:
 
 def test_a_loaded_state_keeps_bf16_moments_and_continues_exactly() -> None:
     params = _params(6)
-    optimizer = AdamWBF16Moments(params, **HYPER)
+    optimizer = TritonAdamW(params, **BF16_MOMENTS)
     grads = _grads(params, 5, seed=7)
     _run(optimizer, params, grads[:2])
     saved = copy.deepcopy(optimizer.state_dict())
@@ -143,7 +174,7 @@ def test_a_loaded_state_keeps_bf16_moments_and_continues_exactly() -> None:
     for state in saved["state"].values():
         state["step"] = shared
     resumed_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    resumed = AdamWBF16Moments(resumed_params, **HYPER)
+    resumed = TritonAdamW(resumed_params, **BF16_MOMENTS)
     resumed.load_state_dict(saved)
     state = resumed.state[resumed_params[0]]
     assert state["exp_avg"].dtype == torch.bfloat16 and state["step"].device.type == "cpu"
@@ -159,6 +190,8 @@ def test_bad_moments_are_refused() -> None:
     bf16 = torch.zeros(8, device=DEVICE, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="must both be float32 or both bfloat16"):
         adamw_step_(p, p, bf16, torch.zeros_like(p), **hyper, step=1, seed=0)
+    with pytest.raises(ValueError, match=r"moments are float32 or bfloat16, not torch\.float16"):
+        TritonAdamW([torch.nn.Parameter(p)], moments_dtype=torch.float16)
     strided = torch.zeros(16, device=DEVICE)[::2]
     with pytest.raises(ValueError, match="contiguous tensors of one shape"):
         adamw_step_(p, strided, bf16, bf16, **hyper, step=1, seed=0)

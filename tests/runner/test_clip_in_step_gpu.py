@@ -1,7 +1,7 @@
 """The trainer's bf16 path (megatron-core's distributed optimizer) with gradient clipping
 folded into the AdamW step (`clip_in_step`) trains as with megatron-core's own clip, which
-scales the gradients first: float32 moments (torch's fused AdamW) and bfloat16 ones
-(`AdamWBF16Moments`). CUDA only: megatron-core's optimizer needs it."""
+scales the gradients first, with float32 and bfloat16 moments (`TritonAdamW`). CUDA only:
+megatron-core's optimizer needs it."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ if not torch.cuda.is_available():
     pytest.skip("megatron-core's distributed optimizer needs CUDA", allow_module_level=True)
 
 from mtprun.compiler import compile_recipe
-from mtprun.runner.trainer.mixed_precision import AdamWBF16Moments
 from mtprun.runner.trainer.trainer import Trainer
+from mtprun.runner.trainer.triton_adamw import TritonAdamW
 
 from .conftest import make_recipe, random_packed_batch
 
@@ -57,7 +57,7 @@ def test_bf16_moments_train_like_float32_ones_in_half_the_bytes(megatron_tp1, ti
         runs[state] = metrics, sum(t.numel() * t.element_size() for t in moments)
         if state == "bfloat16":
             inner = [shard.optimizer for shard in trainer.mixed._shards()]
-            assert all(isinstance(o, AdamWBF16Moments) for o in inner)
+            assert all(isinstance(o, TritonAdamW) for o in inner)
             assert {t.dtype for t in moments} == {torch.bfloat16}
         del trainer
         torch.cuda.empty_cache()

@@ -3,14 +3,12 @@
 megatron-core clips by the whole model's norm by multiplying every float32 main gradient by
 the clip coefficient c = max_norm / norm in place (one read and one write of every gradient)
 right before the optimizer reads them all again: 9.3 ms of a 181 ms step of the Qwen3-30B-A3B
-shape (4 layers, 3.1B parameters) on an H100. Both AdamW kernels the trainer steps with take a
-gradient divisor: torch's fused AdamW reads the optimizer's `grad_scale` (how GradScaler
-unscales) and divides each gradient by it as it loads it, and `AdamWBF16Moments` does the same.
-So where c < 1 the clip sets `grad_scale = 1 / c` on the optimizer that owns the parameters,
-and otherwise clears it. `AdamWBF16Moments` leaves the gradients as they were, which saves the
-whole pass; torch's kernel writes each divided gradient back (GradScaler's contract), which
-saves the pass's read only. Any other optimizer (SGD, an unfused AdamW) is clipped by
-megatron-core's own function, as are parameters that no one optimizer owns.
+shape (4 layers, 3.1B parameters) on an H100. The trainer's AdamW (`TritonAdamW`) reads the
+optimizer's `grad_scale`, as torch's optimizers do (how GradScaler unscales), and divides each
+gradient by it as it loads it, leaving the gradient as it was. So where c < 1 the clip sets
+`grad_scale = 1 / c` on the optimizer that owns the parameters, and otherwise clears it: the
+whole pass is saved. Any other optimizer (SGD) is clipped by megatron-core's own function, as
+are parameters that no one optimizer owns.
 """
 
 from __future__ import annotations

@@ -14,12 +14,13 @@ tied output-layer copy counted once, pipeline stages summed; the clip coefficien
 the AdamW kernel as it loads each gradient, `clip_in_step`) and all-gathers the stepped
 slices back into the bf16 weights.
 
-`trainer.optimizer_state: bfloat16` keeps AdamW's two moments in bfloat16 (4 bytes a parameter
-instead of 8; Qwen3-8B at tp 2 holds 4.1B parameters a rank, whose float32 moments alone take
-30.5 GiB of an 80 GB GPU). megatron-core's own way, its precision-aware optimizer, needs
-Transformer Engine's FusedAdam; here the distributed optimizer's inner torch AdamW is replaced
-by `AdamWBF16Moments` (the same update, one Triton launch a parameter, the moments rounded
-stochastically: `mtprun.kernels.adamw`). Master weights and main gradients stay float32.
+The distributed optimizer's inner torch AdamW is replaced by `TritonAdamW` (`triton_adamw`):
+the same update in one Triton launch a parameter, which writes the bf16 weights as it steps
+the master slices. `trainer.optimizer_state: bfloat16` keeps its two moments in bfloat16 (4
+bytes a parameter instead of 8; Qwen3-8B at tp 2 holds 4.1B parameters a rank, whose float32
+moments alone take 30.5 GiB of an 80 GB GPU), rounded stochastically; megatron-core's own way,
+its precision-aware optimizer, needs Transformer Engine's FusedAdam. Master weights and main
+gradients stay float32.
 
 float32 recipes, CPUs (Megatron's optimizer needs CUDA) and a separately clipped MTP head
 train with torch.optim on float32 weights instead (`mtprun.runner.trainer.optim`).
@@ -27,8 +28,6 @@ train with torch.optim on float32 weights instead (`mtprun.runner.trainer.optim`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import chain
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from mtprun.runner.trainer.apex_standins import (
 from mtprun.runner.trainer.clip_in_step import fold_clipping_into_step
 from mtprun.runner.trainer.embedding_grad import accumulate_embedding_grad_in_main_grad
 from mtprun.runner.trainer.optim import lr_factor
+from mtprun.runner.trainer.triton_adamw import TritonAdamW, step_model_weights_in_adamw
 from mtprun.spec.trainer import TrainerSection
 
 
@@ -91,12 +91,10 @@ class MegatronMixedPrecision:
             ),
             [self.ddp],
         )
-        low_precision = trainer.optimizer == "adamw" and trainer.optimizer_state == "bfloat16"
-        for shard in self._shards():
-            if low_precision:
-                _keep_moments_in_bf16(shard)
-            else:
-                _fuse_adam(shard.optimizer)
+        if trainer.optimizer == "adamw":
+            moments = getattr(torch, trainer.optimizer_state)
+            for shard in self._shards():
+                step_model_weights_in_adamw(shard, moments)
         inner = [shard.optimizer for shard in self._shards()]
         fold_clipping_into_step(o for o in inner if o is not None and _takes_a_divisor(o))
         self.steps = 0
@@ -153,10 +151,10 @@ class MegatronMixedPrecision:
         self.optimizer.load_state_dict(state["optimizer"])  # allocates the inner state
         for shard, saved in zip(self._shards(), state["local_state"], strict=True):
             _load_local_state(shard, saved)
-            # megatron-core's load gives every parameter one shared host `step`: one each,
-            # on the parameter's device (the fused kernel reads it there) or, for
-            # AdamWBF16Moments, on the host (no device read a parameter per step).
-            host = isinstance(shard.optimizer, AdamWBF16Moments)
+            # megatron-core's load gives every parameter one shared host `step`: one each, on
+            # the host for TritonAdamW (no device read a parameter per step), else on the
+            # parameter's device (where torch's optimizers read it).
+            host = isinstance(shard.optimizer, TritonAdamW)
             for param, inner in _inner_state(shard).items():
                 if "step" in inner:
                     device = "cpu" if host else param.device
@@ -202,126 +200,6 @@ def _load_local_state(shard: Any, saved: list[dict[str, torch.Tensor]]) -> None:
                 value.copy_(tensors[key])
 
 
-def _fuse_adam(optimizer: torch.optim.Optimizer) -> None:
-    """Step a torch Adam(W) with its fused CUDA kernel (one launch per parameter group)
-    instead of a foreach sweep per arithmetic op. Megatron-core builds torch.optim.AdamW
-    without `fused` when neither Transformer Engine nor Apex is installed; torch reads the
-    flag per group at every step, and the master weights it steps are float32 on the GPU."""
-    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):
-        for group in optimizer.param_groups:
-            group.update(fused=True, foreach=False)
-
-
 def _takes_a_divisor(optimizer: torch.optim.Optimizer) -> bool:
     """Whether `optimizer`'s step divides each gradient by its `grad_scale` (clip_in_step)."""
-    if isinstance(optimizer, AdamWBF16Moments):
-        return True
-    fused = all(group.get("fused") for group in optimizer.param_groups)
-    return isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and fused
-
-
-def _keep_moments_in_bf16(shard: Any) -> None:
-    """Replace the distributed optimizer `shard`'s inner torch AdamW by AdamWBF16Moments on
-    the same parameter groups (the float32 master shards), its state allocated now: megatron-
-    core's checkpoint load allocates float32 moments for an optimizer without state."""
-    inner = shard.optimizer
-    if inner is None:  # a stub: no parameters on this rank
-        return
-    if not isinstance(inner, torch.optim.AdamW):
-        raise TypeError(f"optimizer_state: bfloat16 needs AdamW, not {type(inner).__name__}")
-    options = {k: inner.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")}
-    shard.optimizer = AdamWBF16Moments(inner.param_groups, **options)
-    shard.optimizer.init_state()
-    shard.init_state_fn = lambda optimizer, config=None: optimizer.init_state()
-
-
-class AdamWBF16Moments(torch.optim.AdamW):
-    """torch's AdamW (decoupled weight decay, bias correction, no amsgrad) with `exp_avg` and
-    `exp_avg_sq` stored in bfloat16, each parameter stepped by `mtprun.kernels.adamw` (CUDA,
-    or the Triton interpreter): float32 arithmetic, stochastic rounding into the moments.
-
-    The rounding's random bits come from `seed` and the step count alone (and the values
-    rounded), so replicated parameters stay equal on every rank. `step` is a host tensor per
-    parameter, as torch's AdamW keeps it (megatron-core's checkpoints read it there). A loaded
-    state keeps its moments in bfloat16 (torch's `load_state_dict` casts every state tensor to
-    its parameter's dtype, float32 here)."""
-
-    MOMENTS = ("exp_avg", "exp_avg_sq")
-
-    def __init__(
-        self,
-        params: Iterable[Any],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.0,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self.seed = seed
-
-    def init_state(self) -> None:
-        """Zero moments (bfloat16) and step 0 for every parameter that has no state yet."""
-        for param in self._params():
-            state = self.state[param]
-            if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
-                for key in self.MOMENTS:
-                    state[key] = torch.zeros_like(param, dtype=torch.bfloat16)
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        from mtprun.kernels.adamw import adamw_step_  # Triton: imported where it runs
-
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self.init_state()
-        # torch's optimizers read a gradient divisor here (GradScaler's unscale, and the
-        # clip coefficient: clip_in_step.py), a host tensor: no device read.
-        divisor = getattr(self, "grad_scale", None)
-        grad_scale = 1.0 if divisor is None else 1.0 / float(divisor)
-        for group in self.param_groups:
-            if group["amsgrad"] or group["maximize"]:
-                raise ValueError("AdamWBF16Moments does not do amsgrad or maximize")
-            beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                # Not in place: megatron-core's checkpoint load gives every parameter one
-                # shared step tensor.
-                state["step"] = state["step"] + 1
-                step = int(state["step"])
-                adamw_step_(
-                    param,
-                    param.grad,
-                    state["exp_avg"],
-                    state["exp_avg_sq"],
-                    lr=float(group["lr"]),
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                    step=step,
-                    seed=hash((self.seed, step)),
-                    grad_scale=grad_scale,
-                )
-        return loss
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = state_dict["state"]
-        moments = {i: {k: v for k, v in s.items() if k in self.MOMENTS} for i, s in saved.items()}
-        rest = {i: {k: v for k, v in s.items() if k not in self.MOMENTS} for i, s in saved.items()}
-        super().load_state_dict({**state_dict, "state": rest})
-        ids = chain.from_iterable(g["params"] for g in state_dict["param_groups"])
-        for i, param in zip(ids, self._params(), strict=True):
-            state = self.state[param]
-            for key, value in moments.get(i, {}).items():
-                state[key] = value.to(device=param.device, dtype=torch.bfloat16)
-            if "step" in state:  # one host tensor each (a loaded state may share one)
-                state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
-
-    def _params(self) -> Iterable[torch.Tensor]:
-        return chain.from_iterable(g["params"] for g in self.param_groups)
+    return isinstance(optimizer, TritonAdamW)
