@@ -127,3 +127,30 @@ def test_scale_kernel_compiles_for_sm90(grad_type: str) -> None:
     signature = _signature(kernel, {"x_ptr": f"*{grad_type}"}, "*fp32", {"numel": "i64"})
     source = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": 4096})
     assert triton.compile(source, target=H100, options={"num_warps": 4}).asm["cubin"]
+
+
+@pytest.mark.parametrize(("operand_type", "out_type"), [("bf16", "fp32"), ("fp32", "bf16")])
+def test_grouped_wgrad_kernel_compiles_for_sm90(operand_type: str, out_type: str) -> None:
+    # bf16 into float32 (the experts' main_grad: tensor-core GEMM, atomic adds), and the
+    # other branches: full-float32 products, a load-add-store into a bf16 out.
+    from mtprun.kernels.triton import grouped_wgrad
+
+    kernel = grouped_wgrad.grouped_wgrad_kernel
+    pointers = {"a_ptr": f"*{operand_type}", "b_ptr": f"*{operand_type}", "ends_ptr": "*i32"}
+    signature = _signature(kernel, pointers | {"out_ptr": f"*{out_type}"}, "*fp32")
+    constexprs = {
+        "TILES_M": 12,
+        "TILES_N": 16,
+        "BLOCK_M": grouped_wgrad.BLOCK_M,
+        "BLOCK_N": grouped_wgrad.BLOCK_N,
+        "BLOCK_K": grouped_wgrad.BLOCK_K,
+        "PRECISION": "ieee" if operand_type == "fp32" else "tf32",
+        "UPCAST": False,
+        "ATOMIC": out_type == "fp32",
+    }
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = {"num_warps": grouped_wgrad.NUM_WARPS, "num_stages": grouped_wgrad.NUM_STAGES}
+    compiled = triton.compile(source, target=H100, options=options)
+    assert compiled.asm["cubin"]
+    if operand_type == "bf16":
+        assert "wgmma" in compiled.asm["ptx"] and "red.global" in compiled.asm["ptx"]
