@@ -7,7 +7,9 @@ Apex or Transformer Engine trains without megatron-core's slow local fallbacks.
   layer per micro batch (about 15 ms of a 0.45 s step of a 1.5B model on an H100). With it,
   the layer calls `fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32(input, grad_output,
   main_grad)`: main_grad += grad_output^T input in one GEMM with a float32 C operand, which
-  torch's `addmm(..., out_dtype=torch.float32)` is.
+  torch's `addmm(..., out_dtype=torch.float32)` is. The MoE experts (`GroupedExperts`) take
+  the same switch: their grouped weight gradients go into main_grad by a Triton kernel
+  (`mtprun.kernels.grouped_gemm`).
 - Multi-tensor l2norm and scale (`use_foreach_multi_tensor_ops`). megatron-core's local
   l2norm builds `torch.tensor([...])` from one device norm per parameter (a host sync per
   parameter, about 200 per step), and its local scale runs `dst.copy_(src * scale)` per
@@ -28,6 +30,7 @@ from megatron.core.tensor_parallel import layers
 from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
 
 from mtprun.kernels.accumulate import addmm_into
+from mtprun.runner.trainer.experts import GroupedExperts
 
 
 def _wgrad_accum(input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
@@ -44,13 +47,15 @@ _TORCH_WGRAD = SimpleNamespace(
 
 
 def accumulate_wgrad_in_main_grad(model: torch.nn.Module) -> None:
-    """Turn on gradient-accumulation fusion in every megatron-core linear layer of `model`,
-    whose parameters must already have `main_grad` (megatron-core's DDP gives them one).
-    CUDA only: torch's float32-output GEMM with bf16 inputs is a cuBLAS feature."""
+    """Turn on gradient-accumulation fusion in every megatron-core linear layer and every
+    `GroupedExperts` of `model`, whose parameters must already have `main_grad` (megatron-core's
+    DDP gives them one). CUDA only: torch's float32-output GEMM with bf16 inputs is a cuBLAS
+    feature."""
     if getattr(layers, "fused_weight_gradient_mlp_cuda", None) is None:
         layers.fused_weight_gradient_mlp_cuda = _TORCH_WGRAD
+    fused = (layers.ColumnParallelLinear, layers.RowParallelLinear, GroupedExperts)
     for module in model.modules():
-        if isinstance(module, (layers.ColumnParallelLinear, layers.RowParallelLinear)):
+        if isinstance(module, fused):
             module.gradient_accumulation_fusion = True
 
 

@@ -8,11 +8,15 @@ probability p [N]. Expert e's rows r get
     out[r] = W2_e (silu(Wg_e x[r]) * (Wu_e x[r])) * p[r]
 with weight1 [E_local, 2 F, H] holding [Wg_e; Wu_e] and weight2 [E_local, H, F] holding W2_e
 (nn.Linear's [out, in] layout per expert, so HF's per-expert tensors map by stacking,
-`mtprun.models.moe`). On CUDA with bf16 weights both GEMMs are one `torch._grouped_mm` each
-(its backward too) and the activation is the SwiGLU kernel; elsewhere (CPU tests, float32)
-a loop over the experts computes the same. Under expert parallelism each rank holds E/ep
-experts and its weights are marked `allreduce = False`, so megatron-core's DDP and optimizer
-reduce them over the expert-data-parallel group, not every data-parallel rank.
+`mtprun.models.moe`). On CUDA with bf16 weights both GEMMs are one `grouped_linear` each
+(`torch._grouped_mm` forward and input gradient; `mtprun.kernels.grouped_gemm`) and the
+activation is the SwiGLU kernel; once `accumulate_wgrad_in_main_grad` (apex_standins) has set
+`gradient_accumulation_fusion`, the weight gradients are added straight into megatron-core's
+float32 main_grad by a Triton kernel instead of being written in bf16 for DDP's hook to add.
+Elsewhere (CPU tests, float32) a loop over the experts computes the same. Under expert
+parallelism each rank holds E/ep experts and its weights are marked `allreduce = False`, so
+megatron-core's DDP and optimizer reduce them over the expert-data-parallel group, not every
+data-parallel rank.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
 
+from mtprun.kernels.grouped_gemm import grouped_linear
 from mtprun.runner.trainer.token_dispatch import RankDedupDispatcher
 
 # megatron-core 0.16's router GEMM tests `te_general_gemm is not None`, but without Transformer
@@ -61,6 +66,9 @@ class GroupedExperts(torch.nn.Module):
         replicated = config.expert_model_parallel_size == 1 and tp == 1
         for weight in (self.weight1, self.weight2):
             weight.allreduce = replicated  # megatron-core's mark of an expert-parallel weight
+        # megatron-core's switch (as on its linear layers): add the weight gradients into
+        # main_grad; `accumulate_wgrad_in_main_grad` sets it once DDP has given them one.
+        self.gradient_accumulation_fusion = False
 
     def forward(
         self, x: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor
@@ -70,9 +78,10 @@ class GroupedExperts(torch.nn.Module):
             from mtprun.kernels.swiglu import swiglu  # Triton: imported where a GPU runs it
 
             ends = tokens_per_expert.to(x.device).cumsum(0).to(torch.int32)
-            hidden = torch._grouped_mm(x, self.weight1.transpose(-2, -1), offs=ends)
+            fused = self.gradient_accumulation_fusion
+            hidden = grouped_linear(x, self.weight1, ends, fused)
             hidden = swiglu(hidden) * probs[:, None].to(hidden.dtype)
-            return torch._grouped_mm(hidden, self.weight2.transpose(-2, -1), offs=ends), None
+            return grouped_linear(hidden, self.weight2, ends, fused), None
         counts = tokens_per_expert.tolist()
         outputs = []
         for e, (rows, p) in enumerate(zip(x.split(counts), probs.split(counts), strict=True)):
