@@ -5,6 +5,9 @@ megatron-core's optimizer needs it."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -23,7 +26,7 @@ from .conftest import make_recipe, random_packed_batch
 pytestmark = pytest.mark.gpu
 
 
-def _three_steps(model_dir) -> tuple[Trainer, list[float]]:
+def _steps(model_dir, steps: int) -> tuple[Trainer, list[float]]:
     recipe = make_recipe(
         model_dir,
         model={"path": str(model_dir), "dtype": "bfloat16"},
@@ -31,7 +34,7 @@ def _three_steps(model_dir) -> tuple[Trainer, list[float]]:
     )
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cuda")
     batch = random_packed_batch(trainer.shape.vocab, [40, 24, 64], seed=0).to("cuda")
-    return trainer, [trainer.train_step([batch])["grad_norm"] for _ in range(3)]
+    return trainer, [trainer.train_step([batch])["grad_norm"] for _ in range(steps)]
 
 
 def _weights(trainer: Trainer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -41,27 +44,48 @@ def _weights(trainer: Trainer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return masters, model
 
 
-def test_the_triton_step_trains_as_megatron_cores_adamw(megatron_tp1, tiny_qwen3_dir, monkeypatch):
-    trainer, norms = _three_steps(tiny_qwen3_dir)
-    shards = trainer.mixed._shards()
-    assert all(isinstance(s.optimizer, TritonAdamW) for s in shards)
-    # The weights the model computes with are the stepped masters, rounded to nearest.
+def _assert_model_weights_are_rounded_masters(shards: list) -> None:
+    """The weights the model computes with are the stepped masters, rounded to nearest."""
     for shard in shards:
         for master, model_slice in _model_slices(shard).items():
             assert torch.equal(model_slice, master.detach().to(model_slice.dtype))
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_the_triton_step_trains_as_megatron_cores_adamw(
+    megatron_tp1, tiny_qwen3_dir, monkeypatch, steps
+):
+    trainer, norms = _steps(tiny_qwen3_dir, steps)
+    shards = trainer.mixed._shards()
+    assert all(isinstance(s.optimizer, TritonAdamW) for s in shards)
+    _assert_model_weights_are_rounded_masters(shards)
     masters, model = _weights(trainer)
-    del trainer
+    # Nothing the Triton step added holds the trainer in a reference cycle: dropped, its GPU
+    # memory is freed at once, not whenever Python's collector runs.
+    gc.disable()
+    try:
+        dropped = weakref.ref(shards[0])
+        del trainer, shards
+        assert dropped() is None
+    finally:
+        gc.enable()
     # The reference: megatron-core's torch AdamW (as it builds it), its clip and its copy.
     monkeypatch.setattr(mixed_precision, "step_model_weights_in_adamw", lambda shard, m: None)
     monkeypatch.setattr(mixed_precision, "fold_clipping_into_step", lambda optimizers: None)
     monkeypatch.setattr(
         megatron_optimizer, "clip_grad_by_total_norm_fp32", clip_in_step._megatron_clip
     )
-    reference, want_norms = _three_steps(tiny_qwen3_dir)
+    reference, want_norms = _steps(tiny_qwen3_dir, steps)
     assert not any(isinstance(s.optimizer, TritonAdamW) for s in reference.mixed._shards())
     want_masters, want_model = _weights(reference)
-    assert norms == pytest.approx(want_norms, rel=1e-4)
+    # One step: the same gradients, masters equal to float32 rounding. Later steps: torch's
+    # foreach AdamW rounds its arithmetic otherwise, a few bf16 weights land on the other
+    # neighbour, the gradients drift by ~0.1%, and where a gradient is near zero Adam's
+    # normalised update (up to lr = 1e-3 a step) may flip sign: 0.3% of one tensor's elements
+    # moved 6e-4 apart on an H200.
+    rel, tolerance = (1e-6, 1e-6) if steps == 1 else (1e-2, 2e-3)
+    assert norms == pytest.approx(want_norms, rel=rel)
     for got, want in zip(masters, want_masters, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
     for got, want in zip(model, want_model, strict=True):  # a bf16 ulp where masters straddle
-        torch.testing.assert_close(got, want, rtol=8e-3, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=8e-3, atol=tolerance)

@@ -15,6 +15,7 @@ bytes).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any
@@ -35,7 +36,8 @@ class TritonAdamW(torch.optim.AdamW):
     it there). A loaded state keeps its moments in `moments_dtype` (torch's `load_state_dict`
     casts every state tensor to its parameter's dtype, float32 here). Where `model_weights` is
     set, each step also writes every parameter's updated value into the tensor that callable
-    maps it to (see `step_model_weights_in_adamw`)."""
+    maps it to, and `wrote_model_weights` says so until the next copy reads it (see
+    `step_model_weights_in_adamw`)."""
 
     def __init__(
         self,
@@ -104,6 +106,7 @@ class TritonAdamW(torch.optim.AdamW):
                     grad_scale=grad_scale,
                     model_copy=copies.get(param),
                 )
+        self.wrote_model_weights = self.model_weights is not None
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -131,9 +134,9 @@ def step_model_weights_in_adamw(shard: Any, moments_dtype: torch.dtype) -> None:
     (megatron-core's checkpoint load allocates float32 moments for an optimizer without
     state). Each step the optimizer asks for the model slice of every master slice (the
     bucket's `param_data` range megatron-core's `_copy_main_params_to_model_params` copies
-    into, looked up each step: offloading may move the buffers), and the copy after the step
-    is skipped; a copy at any other time (a checkpoint load, `reload_model_params`) runs
-    megatron-core's."""
+    into, looked up each step: offloading may move the buffers), and megatron-core's copy
+    right after the step is skipped; a copy at any other time (a checkpoint load,
+    `reload_model_params`) runs it."""
     inner = shard.optimizer
     if inner is None:  # a stub: no parameters on this rank
         return
@@ -142,20 +145,20 @@ def step_model_weights_in_adamw(shard: Any, moments_dtype: torch.dtype) -> None:
     options = {k: inner.defaults[k] for k in ("lr", "betas", "eps", "weight_decay")}
     optimizer = TritonAdamW(inner.param_groups, **options, moments_dtype=moments_dtype)
     optimizer.init_state()
-    optimizer.model_weights = lambda: _model_slices(shard)
+    # The shard holds the optimizer and the copy below: they reach the shard by a weak
+    # reference, else the cycle keeps a dropped trainer's GPU memory until Python's collector
+    # runs.
+    owner = weakref.ref(shard)
+    optimizer.model_weights = lambda: _model_slices(owner())
     shard.optimizer = optimizer
     shard.init_state_fn = lambda optimizer, config=None: optimizer.init_state()
-    copy_after_step = shard._copy_main_params_to_model_params
-    stepping = shard.step_with_ready_grads
 
-    def step_without_copy() -> bool:
-        shard._copy_main_params_to_model_params = lambda: None
-        try:
-            return stepping()
-        finally:
-            shard._copy_main_params_to_model_params = copy_after_step
+    def copy_unless_stepped() -> None:
+        this = owner()
+        if not this.optimizer.__dict__.pop("wrote_model_weights", False):
+            type(this)._copy_main_params_to_model_params(this)
 
-    shard.step_with_ready_grads = step_without_copy
+    shard._copy_main_params_to_model_params = copy_unless_stepped
 
 
 def _model_slices(shard: Any) -> dict[torch.Tensor, torch.Tensor]:
