@@ -5,6 +5,9 @@ not touched. The trainer's bf16 path on a GPU: test_clip_in_step_gpu.py."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from megatron.core.optimizer import optimizer as megatron_optimizer
@@ -37,3 +40,18 @@ def test_a_folded_clip_steps_as_scaling_the_gradients_first(max_norm: float) -> 
         expected.step()
         for param, ref in zip(folded, reference, strict=True):
             torch.testing.assert_close(param, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_the_fold_leaves_no_reference_cycle() -> None:
+    # The parameters name their optimizer, which holds them: a dropped optimizer (and its
+    # Adam state) must go at once, not when Python's collector runs.
+    params = _params(2)
+    optimizer = torch.optim.AdamW(params, lr=1e-2, fused=True)
+    fold_clipping_into_step([optimizer])
+    dropped = weakref.ref(optimizer)
+    gc.disable()
+    try:
+        del optimizer
+        assert dropped() is None
+    finally:
+        gc.enable()

@@ -60,13 +60,14 @@ def test_the_triton_step_trains_as_megatron_cores_adamw(
     assert all(isinstance(s.optimizer, TritonAdamW) for s in shards)
     _assert_model_weights_are_rounded_masters(shards)
     masters, model = _weights(trainer)
-    # Nothing the Triton step added holds the trainer in a reference cycle: dropped, its GPU
-    # memory is freed at once, not whenever Python's collector runs.
+    # Nothing the Triton step or the folded clip added holds the trainer's optimizer in a
+    # reference cycle: dropped, its GPU memory is freed at once, not whenever Python's
+    # collector runs.
     gc.disable()
     try:
-        dropped = weakref.ref(shards[0])
+        dropped = [weakref.ref(shards[0]), weakref.ref(shards[0].optimizer)]
         del trainer, shards
-        assert dropped() is None
+        assert [reference() for reference in dropped] == [None, None]
     finally:
         gc.enable()
     # The reference: megatron-core's torch AdamW (as it builds it), its clip and its copy.

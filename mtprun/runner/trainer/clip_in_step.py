@@ -13,6 +13,7 @@ are parameters that no one optimizer owns.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,7 +21,9 @@ import torch
 from megatron.core.optimizer import optimizer as megatron_optimizer
 
 _megatron_clip = megatron_optimizer.clip_grad_by_total_norm_fp32
-_OWNER = "_mtprun_clip_owner"  # on a master parameter: the optimizer that steps it
+# On a master parameter: a weak reference to the optimizer that steps it (the optimizer holds
+# the parameter: a strong one would keep both, and the Adam state, until Python's collector ran).
+_OWNER = "_mtprun_clip_owner"
 
 
 def fold_clipping_into_step(optimizers: Iterable[torch.optim.Optimizer]) -> None:
@@ -30,7 +33,7 @@ def fold_clipping_into_step(optimizers: Iterable[torch.optim.Optimizer]) -> None
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             for param in group["params"]:
-                setattr(param, _OWNER, optimizer)
+                setattr(param, _OWNER, weakref.ref(optimizer))
     megatron_optimizer.clip_grad_by_total_norm_fp32 = _clip_in_step
 
 
@@ -38,10 +41,15 @@ def _clip_in_step(
     parameters: list[torch.Tensor], max_norm: float, total_norm: float, *args: Any, **kwargs: Any
 ) -> None:
     """megatron-core's clip_grad_by_total_norm_fp32, folded into the owner's step."""
-    owners = {getattr(p, _OWNER, None) for p in parameters}
+    owners = {_owner(p) for p in parameters}
     coefficient = max_norm / (total_norm + 1.0e-6)  # megatron-core's
     # An infinite norm (coefficient 0) has no divisor: megatron-core zeroes the gradients.
     if len(owners) != 1 or None in owners or coefficient == 0.0:
         return _megatron_clip(parameters, max_norm, total_norm, *args, **kwargs)
     (owner,) = owners
     owner.grad_scale = torch.tensor(1.0 / coefficient) if coefficient < 1.0 else None
+
+
+def _owner(param: torch.Tensor) -> torch.optim.Optimizer | None:
+    reference = getattr(param, _OWNER, None)
+    return None if reference is None else reference()
