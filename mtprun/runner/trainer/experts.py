@@ -8,12 +8,13 @@ probability p [N]. Expert e's rows r get
     out[r] = W2_e (silu(Wg_e x[r]) * (Wu_e x[r])) * p[r]
 with weight1 [E_local, 2 F, H] holding [Wg_e; Wu_e] and weight2 [E_local, H, F] holding W2_e
 (nn.Linear's [out, in] layout per expert, so HF's per-expert tensors map by stacking,
-`mtprun.models.moe`). On CUDA with bf16 weights both GEMMs are one `grouped_linear` each
-(`torch._grouped_mm` forward and input gradient; `mtprun.kernels.grouped_gemm`) and the
-activation is the SwiGLU kernel; once `accumulate_wgrad_in_main_grad` (apex_standins) has set
+`mtprun.models.moe`). Both GEMMs are one `grouped_linear` each (`mtprun.kernels.grouped_gemm`:
+on CUDA with bf16 weights `torch._grouped_mm` for the forward and input gradient, elsewhere,
+CPU tests and float32, a loop over the experts), and on CUDA bf16 the activation is the SwiGLU
+kernel; once `accumulate_wgrad_in_main_grad` (apex_standins) has set
 `gradient_accumulation_fusion`, the weight gradients are added straight into megatron-core's
 float32 main_grad by a Triton kernel instead of being written in bf16 for DDP's hook to add.
-Elsewhere (CPU tests, float32) a loop over the experts computes the same. Under expert
+Under expert
 parallelism each rank holds E/ep experts and its weights are marked `allreduce = False`, so
 megatron-core's DDP and optimizer reduce them over the expert-data-parallel group, not every
 data-parallel rank.
@@ -74,21 +75,21 @@ class GroupedExperts(torch.nn.Module):
         self, x: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor
     ) -> tuple[torch.Tensor, None]:
         """x [N, H] sorted by expert, tokens_per_expert [E_local], probs [N] -> ([N, H], None)."""
-        if x.is_cuda and x.dtype == torch.bfloat16:
-            from mtprun.kernels.swiglu import swiglu  # Triton: imported where a GPU runs it
+        ends = tokens_per_expert.to(x.device).cumsum(0).to(torch.int32)
+        fused = self.gradient_accumulation_fusion
+        hidden = _swiglu(grouped_linear(x, self.weight1, ends, fused))
+        hidden = hidden * probs[:, None].to(hidden.dtype)
+        return grouped_linear(hidden, self.weight2, ends, fused), None
 
-            ends = tokens_per_expert.to(x.device).cumsum(0).to(torch.int32)
-            fused = self.gradient_accumulation_fusion
-            hidden = grouped_linear(x, self.weight1, ends, fused)
-            hidden = swiglu(hidden) * probs[:, None].to(hidden.dtype)
-            return grouped_linear(hidden, self.weight2, ends, fused), None
-        counts = tokens_per_expert.tolist()
-        outputs = []
-        for e, (rows, p) in enumerate(zip(x.split(counts), probs.split(counts), strict=True)):
-            gate, up = F.linear(rows, self.weight1[e]).chunk(2, dim=-1)
-            hidden = (F.silu(gate) * up * p[:, None]).to(rows.dtype)
-            outputs.append(F.linear(hidden, self.weight2[e]))
-        return torch.cat(outputs), None
+
+def _swiglu(y: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for y = [gate, up]: the Triton kernel on CUDA bf16, torch elsewhere."""
+    if y.is_cuda and y.dtype == torch.bfloat16:
+        from mtprun.kernels.swiglu import swiglu  # Triton: imported where a GPU runs it
+
+        return swiglu(y)
+    gate, up = y.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 class TensorParallelMoELayer(MoELayer):
