@@ -39,8 +39,7 @@ def _round_to_bf16(x, seed):
     dropped bits against 16 random ones drawn from `seed` and x's own bits)."""
     bits = x.to(tl.uint32, bitcast=True)
     noise = tl.randint(seed, bits).to(tl.uint32, bitcast=True) & 0xFFFF
-    bits = ((bits + noise) >> 16) << 16
-    return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    return _bf16_of_high_bits(bits + noise)
 
 
 @triton.jit
@@ -48,8 +47,14 @@ def _round_to_nearest_bf16(x):
     """float32 -> bfloat16 rounded to nearest, ties to even, as torch's casts round; in bits,
     because the Triton interpreter's cast truncates (how CPU tests run this kernel)."""
     bits = x.to(tl.uint32, bitcast=True)
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    return _bf16_of_high_bits(bits + 0x7FFF + ((bits >> 16) & 1))
+
+
+@triton.jit
+def _bf16_of_high_bits(bits):
+    """The bfloat16 whose bits are the high 16 of the float32 bits `bits` (exact: the low 16
+    cleared first, so no cast rounds)."""
+    return ((bits >> 16) << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
 
 
 @triton.jit(do_not_specialize=["seed_m", "seed_v"])
