@@ -66,11 +66,26 @@ LONGEST_FILES_S = {
 _SESSION_CACHES = {"VLLM_CACHE_ROOT": "vllm-cache-", "MTPRUN_CACHE_DIR": "mtprun-cache-"}
 _session_cache_dirs = pytest.StashKey[dict[str, str]]()
 
+# OpenMP threads that wait for work sleep instead of spinning (libgomp, torch's CPU backend,
+# spins ~300k iterations after each parallel region unless told otherwise). Under `make test`
+# two workers and each end-to-end run's Ray actors (2 torch threads each) share 2 cores, and a
+# spinning thread takes the core another process needs: two end-to-end files at once
+# (test_run_agentic beside test_run_search) took 195 and 205 CPU-s, 115 and 120 s, spinning,
+# 185 and 182 CPU-s, 107 and 103 s, sleeping. Set in the controller, so the workers, `mtprun`
+# subprocesses and Ray actors inherit it before they load torch; an explicit setting wins.
+# Only how idle threads wait changes: the same threads split the same work.
+_SESSION_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+_session_env_set = pytest.StashKey[list[str]]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Files in collection order under `--dist loadfile`; and the session's caches (above)."""
+    """Files in collection order under `--dist loadfile`; the session's caches and OpenMP's
+    wait policy (above)."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False  # hand the files out in collection order
+    config.stash[_session_env_set] = [v for v in _SESSION_ENV if v not in os.environ]
+    for variable in config.stash[_session_env_set]:
+        os.environ[variable] = _SESSION_ENV[variable]
     made = config.stash[_session_cache_dirs] = {}
     for variable, prefix in _SESSION_CACHES.items():
         if variable not in os.environ:
@@ -81,6 +96,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for variable, folder in config.stash.get(_session_cache_dirs, {}).items():
         shutil.rmtree(folder, ignore_errors=True)
         del os.environ[variable]
+    for variable in config.stash.get(_session_env_set, []):
+        os.environ.pop(variable, None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
