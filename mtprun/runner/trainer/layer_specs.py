@@ -10,8 +10,9 @@ import torch
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
+from mtprun.kernels.rms_norm import rms_norm
 from mtprun.models.pp_layout import PipelineStage
 from mtprun.models.qwen3_5_shape import LinearAttentionShape
 from mtprun.models.shape import ModelShape
@@ -35,6 +36,21 @@ class SwiGLUActivation(torch.nn.Module):
         return self.swiglu(fc1_out)
 
 
+class RMSNorm(torch.nn.Module):
+    """Megatron-core's norm interface (`config`, `hidden_size`, `eps`) over
+    `mtprun.kernels.rms_norm` (one Triton kernel each way on CUDA, `F.rms_norm` elsewhere): the
+    input, pre-MLP, q/k and final norms, in place of megatron-core's torch.nn.RMSNorm wrapper
+    (the same `weight` and math; torch's CUDA backward reads the input twice)."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
 def decoder_layer_spec(
     qk_layernorm: bool = False,
     experts: int | None = None,
@@ -52,11 +68,11 @@ def decoder_layer_spec(
     )
     layer = spec.submodules
     layer.self_attention.submodules.core_attention = PackedAttention
-    if zero_centered_norm:
-        layer.input_layernorm = layer.pre_mlp_layernorm = ZeroCenteredRMSNorm
-        if qk_layernorm:
-            attention = layer.self_attention.submodules
-            attention.q_layernorm = attention.k_layernorm = ZeroCenteredRMSNorm
+    norm = ZeroCenteredRMSNorm if zero_centered_norm else RMSNorm
+    layer.input_layernorm = layer.pre_mlp_layernorm = norm
+    if qk_layernorm:
+        attention = layer.self_attention.submodules
+        attention.q_layernorm = attention.k_layernorm = norm
     if linear_attention is not None:
         layer.self_attention = ModuleSpec(
             module=PackedGatedDeltaNet, params={"linear": linear_attention}
@@ -85,5 +101,5 @@ def stage_layer_specs(shape: ModelShape, stage: PipelineStage) -> TransformerBlo
         )
         for i in layers
     ]
-    norm = ZeroCenteredRMSNorm if shape.zero_centered_norm else LayerNormImpl
+    norm = ZeroCenteredRMSNorm if shape.zero_centered_norm else RMSNorm
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=norm)
