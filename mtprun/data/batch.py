@@ -6,6 +6,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from mtprun.data.device_copy import to_device
+
 
 @dataclass
 class PackedBatch:
@@ -46,20 +48,10 @@ class PackedBatch:
     def num_sequences(self) -> int:
         return int(self.cu_seqlens.numel()) - 1
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedBatch:
-        """The batch's tensors on `device`. `non_blocking` onto a GPU: each host tensor is
-        first copied into pinned memory, so the copy to the GPU is queued behind its work
-        instead of waiting for it (a copy from pageable memory synchronizes the stream: one
-        stall a field and micro batch, the GPU drained before the next micro batch begins)."""
-        pin = non_blocking and torch.device(device).type == "cuda"
-
-        def move(tensor: torch.Tensor) -> torch.Tensor:
-            if pin and tensor.device.type == "cpu":
-                tensor = tensor.pin_memory()
-            return tensor.to(device, non_blocking=non_blocking)
-
+    def to(self, device: torch.device | str) -> PackedBatch:
+        """The batch's tensors on `device` (onto a GPU without waiting for it: `to_device`)."""
         moved = {
-            f.name: (move(v) if isinstance(v, torch.Tensor) else v)
+            f.name: (to_device(v, device) if isinstance(v, torch.Tensor) else v)
             for f in fields(self)
             for v in [getattr(self, f.name)]
         }

@@ -1,9 +1,12 @@
-"""A micro batch's copy to the GPU (`PackedBatch.to(..., non_blocking=True)`) is queued behind
-the GPU's work: no synchronization, where the copy from pageable host memory waits for it."""
+"""A micro batch's copy to the GPU (`PackedBatch.to`, `mtprun.data.device_copy.to_device`) is
+queued behind the GPU's work: no synchronization, where torch's copy from pageable host memory
+waits for it."""
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +29,7 @@ def _batch(tokens: int) -> PackedBatch:
     )
 
 
-def _synchronizations(copy) -> tuple[list[str], PackedBatch]:
+def _synchronizations(copy: Callable[[], Any]) -> tuple[list[str], Any]:
     busy = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
@@ -43,7 +46,7 @@ def _synchronizations(copy) -> tuple[list[str], PackedBatch]:
 
 def test_the_pinned_copy_does_not_synchronize_and_moves_every_field() -> None:
     batch = _batch(3001)
-    syncs, moved = _synchronizations(lambda: batch.to("cuda", non_blocking=True))
+    syncs, moved = _synchronizations(lambda: batch.to("cuda"))
     assert syncs == []
     for name in ("input_ids", "targets", "loss_mask", "position_ids", "cu_seqlens", "advantages"):
         assert torch.equal(getattr(moved, name).cpu(), getattr(batch, name)), name
@@ -52,5 +55,5 @@ def test_the_pinned_copy_does_not_synchronize_and_moves_every_field() -> None:
 
 def test_the_pageable_copy_synchronizes() -> None:
     """What the pinned copy avoids (and that the check above would see a synchronization)."""
-    syncs, _ = _synchronizations(lambda: _batch(3001).to("cuda"))
+    syncs, _ = _synchronizations(lambda: _batch(3001).input_ids.to("cuda"))
     assert syncs

@@ -48,6 +48,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from mtprun.data.device_copy import to_device
 from mtprun.kernels.merged_attention import Piece, block_kernel, merged_attention
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_keys
 
@@ -96,11 +97,11 @@ class TokenLayout:
     ) -> TokenLayout:
         """The layout of `shard`'s tokens; the sequences numbered in `skip` (attended
         elsewhere) are seen by no query and see nothing (query id -2, key id -1)."""
-        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(device=device, dtype=torch.long)
+        lengths = to_device((cu_seqlens[1:] - cu_seqlens[:-1]).long(), device)
         seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
         _check_row_tokens(seq_id.numel(), shard)
-        query = shard.index.to(device)
-        key = shard.key_positions().to(device)
+        query = to_device(shard.index, device)
+        key = to_device(shard.key_positions(), device)
         key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
         query_seq = seq_id[query]
         if skip:
@@ -201,7 +202,7 @@ class PaddedRows:
         if all(n == longest for n in lengths):
             return cls(len(lengths), longest, None)
         slots = [torch.arange(n) + i * longest for i, n in enumerate(lengths)]
-        return cls(len(lengths), longest, torch.cat(slots).to(device))
+        return cls(len(lengths), longest, to_device(torch.cat(slots), device))
 
 
 def packed_attention_mask(
@@ -279,7 +280,7 @@ class SequencePieces:
                 if a < b:
                     pieces.append(Piece(local + a - c0, local + b - c0, start, b))
             local += c1 - c0
-        order = shard.key_order().to(device)
+        order = to_device(shard.key_order(), device)
         return cls(tuple(pieces), order, shard.width, cu_seqlens, shard)
 
     @cached_property

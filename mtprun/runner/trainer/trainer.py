@@ -380,7 +380,7 @@ class Trainer:
         from mtprun.kernels import HeadInputs, head_loss
 
         host_cu_seqlens = batch.cu_seqlens
-        batch = batch.to(self.device, non_blocking=True)
+        batch = batch.to(self.device)
         shard = self._shard(batch)
         local = shard.take(batch)
         # The attention mask needs the whole row's sequences, the rest the local tokens.
