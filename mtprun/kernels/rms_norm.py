@@ -21,8 +21,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_ELEMENTS = 4096  # a program's block: rows x next_power_of_2(H) float32 values
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, in x's dtype (module docstring):
@@ -70,10 +68,3 @@ class RMSNormFunction(torch.autograd.Function):
         grad = grad.contiguous().view(rows, width)
         partials = launch_backward(x.view(rows, width), weight, factors, grad, dx.view(rows, width))
         return dx, partials.sum(0).to(weight.dtype), None
-
-
-def block_shape(width: int) -> tuple[int, int]:
-    """(rows, columns) a program holds for rows of `width`: columns the next power of two,
-    rows filling `_ELEMENTS` (so a per-head q/k norm of 128 takes 32 rows at once)."""
-    columns = 1 << max(width - 1, 0).bit_length()
-    return max(1, _ELEMENTS // columns), columns

@@ -158,10 +158,9 @@ def test_grouped_wgrad_kernel_compiles_for_sm90(operand_type: str, out_type: str
 
 @pytest.mark.parametrize("width", [128, 4096])
 def test_rms_norm_kernels_compile_for_sm90(width: int) -> None:
-    from mtprun.kernels.rms_norm import block_shape
     from mtprun.kernels.triton import rms_norm
 
-    rows, block = block_shape(width)
+    rows, block = rms_norm.block_shape(width)
     scalars = {"eps": "fp32"}
     for kernel in (rms_norm.rms_norm_forward_kernel, rms_norm.rms_norm_backward_kernel):
         pointers = {"x_ptr": "*bf16", "y_ptr": "*bf16", "g_ptr": "*bf16", "dx_ptr": "*bf16"}

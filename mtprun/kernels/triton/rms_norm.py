@@ -12,9 +12,16 @@ import torch
 import triton
 import triton.language as tl
 
-from mtprun.kernels.rms_norm import block_shape
-
+_ELEMENTS = 4096  # a program's block: rows x next_power_of_2(H) float32 values
 _PROGRAMS_PER_SM = 4
+_NUM_WARPS = 8  # 16 values a thread at a full block
+
+
+def block_shape(width: int) -> tuple[int, int]:
+    """(rows, columns) a program holds for rows of `width`: columns the next power of two,
+    rows filling `_ELEMENTS` (so a per-head q/k norm of 128 takes 32 rows at once)."""
+    columns = 1 << max(width - 1, 0).bit_length()
+    return max(1, _ELEMENTS // columns), columns
 
 
 @triton.jit
@@ -60,10 +67,6 @@ def rms_norm_backward_kernel(
     tl.store(partial_ptr + pid * width + col, dw, mask=col < width)
 
 
-def _warps(rows_per_block: int, block: int) -> int:
-    return 8 if rows_per_block * block >= 4096 else 4
-
-
 def launch_forward(
     x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, factors: torch.Tensor, eps: float
 ) -> None:
@@ -73,7 +76,7 @@ def launch_forward(
     grid = (triton.cdiv(rows, per_block),)
     rms_norm_forward_kernel[grid](
         x, weight, y, factors, rows, width, eps,
-        ROWS=per_block, BLOCK=block, num_warps=_warps(per_block, block),
+        ROWS=per_block, BLOCK=block, num_warps=_NUM_WARPS,
     )  # fmt: skip
 
 
@@ -93,6 +96,6 @@ def launch_backward(
     partials = torch.empty(programs, width, dtype=torch.float32, device=x.device)
     rms_norm_backward_kernel[(programs,)](
         x, weight, factors, grad, dx, partials, rows, width,
-        ROWS=per_block, BLOCK=block, num_warps=_warps(per_block, block),
+        ROWS=per_block, BLOCK=block, num_warps=_NUM_WARPS,
     )  # fmt: skip
     return partials
