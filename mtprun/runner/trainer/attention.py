@@ -105,7 +105,7 @@ class TokenLayout:
         key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
         query_seq = seq_id[query]
         if skip:
-            skipped = torch.tensor(skip, device=device)
+            skipped = to_device(torch.tensor(skip), device)
             query_seq = torch.where(torch.isin(query_seq, skipped), -2, query_seq)
             key_seq = torch.where(torch.isin(key_seq, skipped), -1, key_seq)
         return cls(query_seq, query, key_seq, key)
