@@ -97,9 +97,12 @@ class TokenLayout:
     ) -> TokenLayout:
         """The layout of `shard`'s tokens; the sequences numbered in `skip` (attended
         elsewhere) are seen by no query and see nothing (query id -2, key id -1)."""
-        lengths = to_device((cu_seqlens[1:] - cu_seqlens[:-1]).long(), device)
-        seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+        # Expanded where the boundaries are (the host, from the trainer), then copied: on the
+        # GPU, repeat_interleave reads its output size back from the device.
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+        seq_id = torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
         _check_row_tokens(seq_id.numel(), shard)
+        seq_id = to_device(seq_id, device)
         query = to_device(shard.index, device)
         key = to_device(shard.key_positions(), device)
         key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
