@@ -14,10 +14,9 @@ CPU tests and float32, a loop over the experts), and on CUDA bf16 the activation
 kernel; once `accumulate_wgrad_in_main_grad` (apex_standins) has set
 `gradient_accumulation_fusion`, the weight gradients are added straight into megatron-core's
 float32 main_grad by a Triton kernel instead of being written in bf16 for DDP's hook to add.
-Under expert
-parallelism each rank holds E/ep experts and its weights are marked `allreduce = False`, so
-megatron-core's DDP and optimizer reduce them over the expert-data-parallel group, not every
-data-parallel rank.
+Under expert parallelism each rank holds E/ep experts and its weights are marked
+`allreduce = False`, so megatron-core's DDP and optimizer reduce them over the
+expert-data-parallel group, not every data-parallel rank.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
 
+from mtprun.data.device_copy import to_device
 from mtprun.kernels.grouped_gemm import grouped_linear
 from mtprun.runner.trainer.token_dispatch import RankDedupDispatcher
 
@@ -75,7 +75,9 @@ class GroupedExperts(torch.nn.Module):
         self, x: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor
     ) -> tuple[torch.Tensor, None]:
         """x [N, H] sorted by expert, tokens_per_expert [E_local], probs [N] -> ([N, H], None)."""
-        ends = tokens_per_expert.to(x.device).cumsum(0).to(torch.int32)
+        # Under ep the counts come from the host (the exchange's split sizes): copied without
+        # waiting for the layer's queued exchange.
+        ends = to_device(tokens_per_expert, x.device).cumsum(0).to(torch.int32)
         fused = self.gradient_accumulation_fusion
         hidden = _swiglu(grouped_linear(x, self.weight1, ends, fused))
         hidden = hidden * probs[:, None].to(hidden.dtype)
