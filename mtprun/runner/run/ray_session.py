@@ -1,13 +1,21 @@
 """Ray for a run folder: join a cluster, or start a local instance whose files stay in the
 run's temp folder; either way, one that cannot hold the run's actors is refused before any
-actor starts (Ray would leave an actor it cannot place waiting forever)."""
+actor starts (Ray would leave an actor it cannot place waiting forever).
+
+A local start on a loaded machine can fail: Ray gives its raylet a fixed 30 s to register with
+the GCS (`ray/_private/node.py`), and on two busy cores it once took longer (CI, 2026-11-28).
+That start is retried after its processes are stopped (Ray leaves them running)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+import psutil
 import ray
 
 from mtprun.runner.run_dir import RunDir
@@ -29,14 +37,66 @@ def connect_ray(recipe: Recipe, run_dir: RunDir, address: str | None, demand: Ac
     res = recipe.resources
     temp_dir = run_dir.ray_temp_dir()
     log.info("starting a local Ray instance (temp folder %s)", temp_dir)
-    ray.init(
-        num_cpus=res.num_cpus,
-        num_gpus=res.num_gpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        _temp_dir=str(temp_dir),
-    )
+
+    def start() -> None:
+        ray.init(
+            num_cpus=res.num_cpus,
+            num_gpus=res.num_gpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            _temp_dir=str(temp_dir),
+        )
+
+    start_with_retries(start, lambda: stop_processes_of(temp_dir))
     wait_for_capacity(demand, 0, None)
+
+
+LOCAL_START_ATTEMPTS = 3
+
+
+def is_startup_timeout(error: BaseException) -> bool:
+    """Whether `error` is Ray's "node timed out during startup" (a bare Exception; its text is
+    all that tells it apart)."""
+    return "timed out during startup" in str(error)
+
+
+def start_with_retries(
+    start: Callable[[], None], cleanup: Callable[[], None], attempts: int = LOCAL_START_ATTEMPTS
+) -> None:
+    """Runs `start` until it returns; after a startup timeout, `cleanup` and start again, up
+    to `attempts` times in all. Any other error, or the last timeout, is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            return
+        except Exception as error:
+            if attempt == attempts or not is_startup_timeout(error):
+                raise
+            log.warning(
+                "the local Ray instance did not come up within Ray's 30 s (attempt %d of %d; "
+                "the machine is busy): stopping its processes and starting it again",
+                attempt,
+                attempts,
+            )
+            cleanup()
+
+
+def stop_processes_of(temp_dir: Path, wait_s: float = 10.0) -> int:
+    """Kills this process's children whose command line names `temp_dir` (the GCS, raylet
+    and monitors a local start spawned there), and their own children; returns how many."""
+    folder = str(temp_dir)
+    doomed: list[psutil.Process] = []
+    for child in psutil.Process().children():
+        try:
+            if any(folder in arg for arg in child.cmdline()):
+                doomed += [child, *child.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    for process in doomed:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(doomed, timeout=wait_s)
+    return len(doomed)
 
 
 class ClusterTooSmall(RuntimeError):
