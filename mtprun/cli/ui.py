@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from mtprun.cli.diagnostics import EXIT_INVALID
+from mtprun.runner.net import PortUnavailable
 from mtprun.runner.tracking.server import MlflowServer
 
 _RUNS = Path("runs")
@@ -56,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.start()
         return server.wait()
-    except RuntimeError as err:  # it exited or never answered (a port in use, a bad store)
+    except PortUnavailable as err:
+        print(f"mtprun ui: {err}; choose another with --port (or --host)", file=sys.stderr)
+        return 1
+    except RuntimeError as err:  # it exited or never answered (a bad store)
         print(f"mtprun ui: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

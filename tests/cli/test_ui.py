@@ -102,4 +102,13 @@ def test_ui_on_a_port_in_use_says_so_and_exits_1(tmp_path, capsys):
         taken.listen()
         port = taken.getsockname()[1]
         assert main(["ui", str(run_dir), "--port", str(port)]) == 1
-    assert "mtprun ui: mlflow server exited" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"mtprun ui: cannot listen on 127.0.0.1:{port}: Address already in use" in err
+    assert "choose another with --port" in err
+
+
+def test_ui_on_an_address_not_of_this_machine_says_so_and_exits_1(tmp_path, capsys):
+    run_dir, _, _ = _run_folder(tmp_path)
+    # 192.0.2.0/24 is reserved for documentation (RFC 5737): no interface has it.
+    assert main(["ui", str(run_dir), "--host", "192.0.2.1", "--port", str(free_port())]) == 1
+    assert "cannot listen on 192.0.2.1:" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from mtprun.runner.net import free_port
+from mtprun.runner.net import check_listenable, free_port
 
 # The server's optional job runner (MLflow 3) is not used and would start workers of its own.
 _ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -47,8 +47,11 @@ class MlflowServer:
         return f"{self.runs_view(experiment_id)}/{run_id}"
 
     def start(self, timeout_s: float = 180.0) -> None:
-        """Start the server and return once it answers /health; raises RuntimeError (with the
-        end of its log) when it exits or does not answer within `timeout_s`."""
+        """Start the server and return once it answers /health; raises PortUnavailable at
+        once when its port is taken (an earlier `mtprun ui`'s server there would answer the
+        health check in its place), RuntimeError (with the end of its log) when it exits or
+        does not answer within `timeout_s`."""
+        check_listenable(self.host, self.port)
         command = [
             *(sys.executable, "-m", "mlflow", "server", "--host", self.host),
             *("--port", str(self.port), "--workers", "1"),
