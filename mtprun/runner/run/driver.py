@@ -222,48 +222,11 @@ class Driver:
             if problem is not None:
                 raise ValueError(f"trainer.router_replay: {problem}")
         self._prepare_trainer(stage, start_dir, resume_from)
-        generate = None
         if stage.kind == "grpo":
-            # Engines start from the stage's start folder, which pruning never deletes: Ray
-            # restarts a dead engine with the same arguments. A resumed stage then pushes the
-            # checkpoint's weights into them.
-            assert self.placement is not None
-            colocation = None
-            if self.placement.colocate:
-                # The engines size their KV cache by the memory the trainer leaves them.
-                self.trainer.offload()
-            self.scorer = self._start_scorer(stage)
-            self.pool = RolloutPool.start(
-                self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
-            )
-            log.info("rollout engines ready: pids %s", self.pool.pids)
-            self.sync = WeightSync(
-                weight_transfer_method(self.recipe), lambda: self.trainer, self.pool
-            )
-            if self.placement.colocate:
-                colocation = self.colocation = Colocation(
-                    lambda: self.trainer, self.pool, self.sync
-                )
-            # With LoRA the engines serve the base alone until a sync brings the trainer's
-            # adapters, which model.lora.path makes nonzero from the start.
-            if resume_from is not None or stage.recipe.model.lora is not None:
-                self.sync.push()
-            collector = self.collector = EpisodeCollector(
-                stage.recipe, start_dir, self.pool, self.scorer
-            )
-            evaluator = Evaluator(stage.recipe, collector) if stage.recipe.eval else None
-            generate = partial(generate_rollout, pool=self.pool, collector=collector, stage=stage)
-            step_fn = partial(
-                grpo_step,
-                collector=collector,
-                sync=self.sync,
-                stage=stage,
-                gpus=ActorDemand.of(self.recipe).need("GPU"),
-                colocation=colocation,
-                evaluator=evaluator,
-            )
+            step_fn, generate = self._start_rollouts(stage, start_dir, resume_from)
         else:
             step_fn = partial(sft_step, sft=SftSource(stage.recipe, start_dir), stage=stage)
+            generate = None
         bar = progress.stage(stage.name, stage.steps, self.step - stage.offset)
         died: TrainerDied | None = None
         while True:  # once, plus once per trainer restart
@@ -278,6 +241,47 @@ class Driver:
             except TrainerDied as err:
                 died = err
         self._stop_engines()
+
+    def _start_rollouts(
+        self, stage: Stage, start_dir: Path, resume_from: Path | None
+    ) -> tuple[Callable[..., StepResult], Callable[[int], Any]]:
+        """An RL stage's engines, scorer, weight sync and episode collector started (the
+        trainer already loaded); its step function and its rollout generator."""
+        # Engines start from the stage's start folder, which pruning never deletes: Ray
+        # restarts a dead engine with the same arguments. A resumed stage then pushes the
+        # checkpoint's weights into them.
+        assert self.placement is not None
+        colocation = None
+        if self.placement.colocate:
+            # The engines size their KV cache by the memory the trainer leaves them.
+            self.trainer.offload()
+        self.scorer = self._start_scorer(stage)
+        self.pool = RolloutPool.start(
+            self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
+        )
+        log.info("rollout engines ready: pids %s", self.pool.pids)
+        self.sync = WeightSync(weight_transfer_method(self.recipe), lambda: self.trainer, self.pool)
+        if self.placement.colocate:
+            colocation = self.colocation = Colocation(lambda: self.trainer, self.pool, self.sync)
+        # With LoRA the engines serve the base alone until a sync brings the trainer's
+        # adapters, which model.lora.path makes nonzero from the start.
+        if resume_from is not None or stage.recipe.model.lora is not None:
+            self.sync.push()
+        collector = self.collector = EpisodeCollector(
+            stage.recipe, start_dir, self.pool, self.scorer
+        )
+        evaluator = Evaluator(stage.recipe, collector) if stage.recipe.eval else None
+        generate = partial(generate_rollout, pool=self.pool, collector=collector, stage=stage)
+        step_fn = partial(
+            grpo_step,
+            collector=collector,
+            sync=self.sync,
+            stage=stage,
+            gpus=ActorDemand.of(self.recipe).need("GPU"),
+            colocation=colocation,
+            evaluator=evaluator,
+        )
+        return step_fn, generate
 
     def _run_steps(
         self,
