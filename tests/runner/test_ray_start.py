@@ -1,13 +1,17 @@
 """A local Ray start that times out (its raylet did not register within Ray's fixed 30 s, as on
 CI's two busy cores) is retried after the processes it left are stopped; other errors are not
-retried."""
+retried. The real fault comes from Ray's own fault injection (`RAY_testing_asio_delay_us` holds
+the GCS's answer to the raylet's registration past Ray's wait)."""
 
 from __future__ import annotations
 
 import inspect
+import json
+import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -67,6 +71,58 @@ def test_other_errors_are_raised_at_once():
         start_with_retries(start, lambda: cleanups.append(start.calls), attempts=3)
     assert start.calls == 1
     assert cleanups == []
+
+
+# A process of its own: no Ray of the test worker's in the way. The first start's GCS holds the
+# raylet's registration 40 s; the cleanup drops the delay, so the second start comes up.
+REAL_TIMEOUT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    import psutil, ray
+    from mtprun.runner.run.ray_session import start_with_retries, stop_processes_of
+
+    temp, attempts, stopped = Path(sys.argv[1]), [], []
+    os.environ["RAY_testing_asio_delay_us"] = (
+        "NodeInfoGcsService.grpc_server.RegisterNode=40000000:40000000"
+    )
+
+    def start():
+        attempts.append(time.monotonic())
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _temp_dir=str(temp))
+
+    def cleanup():
+        before = {p.name() for p in psutil.Process().children()}
+        stopped.append([stop_processes_of(temp), sorted(before)])
+        stopped.append(sorted(p.name() for p in psutil.Process().children()))
+        del os.environ["RAY_testing_asio_delay_us"]
+
+    start_with_retries(start, cleanup)
+    answer = ray.get(ray.remote(lambda: 7).remote())
+    ray.shutdown()
+    print(json.dumps({"attempts": len(attempts), "stopped": stopped, "answer": answer}))
+    """
+)
+
+
+def test_a_real_start_timeout_is_retried_after_its_processes_are_stopped():
+    folder = Path(tempfile.mkdtemp(prefix="raystart", dir="/tmp"))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    run = subprocess.run(
+        [sys.executable, "-c", REAL_TIMEOUT, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "did not come up within Ray's 30 s (attempt 1 of 3" in run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    # 3 where the machine is so busy that the undelayed second start timed out too.
+    assert result["attempts"] in (2, 3) and result["answer"] == 7
+    (count, before), after = result["stopped"][:2]
+    assert {"gcs_server", "raylet"} <= set(before) and count >= 2
+    assert after == []
 
 
 def test_the_processes_of_the_start_folder_are_stopped_and_no_other():
