@@ -22,9 +22,12 @@ def check_listenable(host: str, port: int) -> None:
     """Raises PortUnavailable unless a server could listen on host:port now. SO_REUSEADDR as
     servers set it: a port whose last connections are in TIME_WAIT is free, one that another
     socket listens on is not."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as err:
-            raise PortUnavailable(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as err:  # gaierror too: a host name that does not resolve
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {err.strerror}") from None
