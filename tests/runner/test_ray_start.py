@@ -19,7 +19,12 @@ import psutil
 import pytest
 import ray._private.node
 
-from mtprun.runner.run.ray_session import is_startup_timeout, start_with_retries, stop_processes_of
+from mtprun.runner.run.ray_session import (
+    RayStartTimeout,
+    is_startup_timeout,
+    start_with_retries,
+    stop_processes_of,
+)
 
 
 def ray_startup_timeout() -> Exception:
@@ -57,9 +62,11 @@ def test_a_timed_out_start_is_cleaned_up_and_started_again():
     assert cleanups == [1, 2]
 
 
-def test_the_last_timeout_is_raised():
+def test_the_last_timeout_is_raised_with_what_to_do():
     start, cleanups = FlakyStart(failures=5), []
-    with pytest.raises(Exception, match="timed out during startup"):
+    with pytest.raises(
+        RayStartTimeout, match=r"in 2 attempts .* timed out during startup.*--ray-address"
+    ):
         start_with_retries(start, lambda: cleanups.append(start.calls), attempts=2)
     assert start.calls == 2
     assert cleanups == [1]

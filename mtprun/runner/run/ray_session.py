@@ -60,18 +60,29 @@ def is_startup_timeout(error: BaseException) -> bool:
     return "timed out during startup" in str(error)
 
 
+class RayStartTimeout(RuntimeError):
+    """The local Ray instance timed out at every start attempt."""
+
+
 def start_with_retries(
     start: Callable[[], None], cleanup: Callable[[], None], attempts: int = LOCAL_START_ATTEMPTS
 ) -> None:
     """Runs `start` until it returns; after a startup timeout, `cleanup` and start again, up
-    to `attempts` times in all. Any other error, or the last timeout, is raised."""
+    to `attempts` times in all. Any other error is raised as it is; the last timeout as
+    RayStartTimeout."""
     for attempt in range(1, attempts + 1):
         try:
             start()
             return
         except Exception as error:
-            if attempt == attempts or not is_startup_timeout(error):
+            if not is_startup_timeout(error):
                 raise
+            if attempt == attempts:
+                raise RayStartTimeout(
+                    f"the local Ray instance did not come up in {attempts} attempts of Ray's "
+                    f"30 s ({error}): the machine is too busy to start it; free some cores, or "
+                    "start Ray yourself (`ray start --head`) and pass --ray-address"
+                ) from error
             log.warning(
                 "the local Ray instance did not come up within Ray's 30 s (attempt %d of %d; "
                 "the machine is busy): stopping its processes and starting it again",
