@@ -40,6 +40,8 @@ LONGEST_FILES_S = {
     "tests/runner/test_family_rollouts.py": 80,
     "tests/runner/test_rollout_pool.py": 70,
     "tests/runner/test_reward_models.py": 65,
+    # Mostly waiting (Ray's 30 s registration wait runs out): early, beside a busy file.
+    "tests/runner/test_ray_start.py": 60,
     "tests/kernels/test_triton_head_loss.py": 55,
     "tests/runner/test_qwen3_5.py": 50,
     "tests/data/test_sft.py": 45,

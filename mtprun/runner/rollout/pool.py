@@ -46,7 +46,7 @@ class RolloutPool:
         self.resync: Callable[[int], float | None] = self._resync_from_object_store
         # Per engine: its pid and its counters at the previous spec_decode_step.
         self._spec_seen: dict[int, tuple[int, dict[str, float]]] = {}
-        self.pids = ray.get([a.pid.remote() for a in actors])
+        self.pids: list[int] = []  # set by ready()
 
     @classmethod
     def start(
@@ -59,7 +59,20 @@ class RolloutPool:
     ) -> RolloutPool:
         """`rollout.num_engines` engines on `policy_dir` (policy `version`: the global step
         that made it), each with its own work folder, placed by `placement` (the recipe's by
-        default)."""
+        default); returns once every engine is up."""
+        return cls.launch(recipe, policy_dir, work_dir, placement, version).ready()
+
+    @classmethod
+    def launch(
+        cls,
+        recipe: Any,
+        policy_dir: Path,
+        work_dir: Path,
+        placement: Placement | None = None,
+        version: int = 0,
+    ) -> RolloutPool:
+        """`start`'s engines created and left loading in their processes: the caller goes on
+        (the trainer loads meanwhile) and calls `ready` before anything else."""
         placement = placement or Placement(recipe)
         count = recipe.rollout.num_engines
         remote = ray.remote(RolloutWorker)
@@ -83,11 +96,17 @@ class RolloutPool:
         partial = None
         if rollout.partial:
             partial = PartialRollouts(rollout.partial_chunk_tokens, rollout.max_tokens)
+        return cls(actors, max_retries=MAX_RESTARTS, partial=partial)
+
+    def ready(self) -> RolloutPool:
+        """Waits until every engine is up (its pid in `pids`); one that failed to start stops
+        them all and raises RuntimeError with its error."""
         try:
-            return cls(actors, max_retries=MAX_RESTARTS, partial=partial)
+            self.pids = ray.get([a.pid.remote() for a in self.actors])
         except RayActorError as err:
-            stop_actors(actors)
+            stop_actors(self.actors)
             raise RuntimeError(f"a rollout engine failed to start: {_start_error(err)}") from err
+        return self
 
     def generate(
         self, prompts: list[list[int]], n: int, sampling: Sampling = DEFAULT_SAMPLING

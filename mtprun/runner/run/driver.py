@@ -221,6 +221,9 @@ class Driver:
             problem = routed_experts_problem(self.recipe.rollout)
             if problem is not None:
                 raise ValueError(f"trainer.router_replay: {problem}")
+        if stage.kind == "grpo" and self._engines_load_beside_trainer():
+            # vLLM's start-up (imports, load, compile) runs while the trainer loads.
+            self._launch_rollouts(stage, start_dir)
         self._prepare_trainer(stage, start_dir, resume_from)
         if stage.kind == "grpo":
             step_fn, generate = self._start_rollouts(stage, start_dir, resume_from)
@@ -242,23 +245,39 @@ class Driver:
                 died = err
         self._stop_engines()
 
+    def _engines_load_beside_trainer(self) -> bool:
+        """Whether the engines may start while the trainer loads: not where they can share
+        its GPU (colocated, or a fractional resources.gpus_per_actor), as vLLM sizes an
+        engine's memory by what the GPU has free as it starts."""
+        assert self.placement is not None
+        gpus = self.recipe.resources.gpus_per_actor
+        return not self.placement.colocate and not 0 < gpus < 1
+
+    def _launch_rollouts(self, stage: Stage, start_dir: Path) -> None:
+        """An RL stage's reward scorer and rollout engines started, loading while the driver
+        goes on (`self.pool.ready()` waits for the engines). Engines start from the stage's
+        start folder, which pruning never deletes: Ray restarts a dead engine with the same
+        arguments."""
+        assert self.placement is not None
+        self.scorer = self._start_scorer(stage)
+        self.pool = RolloutPool.launch(
+            self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
+        )
+
     def _start_rollouts(
         self, stage: Stage, start_dir: Path, resume_from: Path | None
     ) -> tuple[Callable[..., StepResult], Callable[[int], Any]]:
-        """An RL stage's engines, scorer, weight sync and episode collector started (the
-        trainer already loaded); its step function and its rollout generator."""
-        # Engines start from the stage's start folder, which pruning never deletes: Ray
-        # restarts a dead engine with the same arguments. A resumed stage then pushes the
-        # checkpoint's weights into them.
+        """An RL stage's rollout side up (engines launched if they were not), its weight sync
+        and episode collector made, the trainer already loaded; its step function and its
+        rollout generator. A resumed stage pushes the checkpoint's weights into the engines."""
         assert self.placement is not None
         colocation = None
-        if self.placement.colocate:
-            # The engines size their KV cache by the memory the trainer leaves them.
-            self.trainer.offload()
-        self.scorer = self._start_scorer(stage)
-        self.pool = RolloutPool.start(
-            self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
-        )
+        if self.pool is None:  # they share the trainer's GPU: started now it has loaded
+            if self.placement.colocate:
+                # The engines size their KV cache by the memory the trainer leaves them.
+                self.trainer.offload()
+            self._launch_rollouts(stage, start_dir)
+        self.pool.ready()
         log.info("rollout engines ready: pids %s", self.pool.pids)
         self.sync = WeightSync(weight_transfer_method(self.recipe), lambda: self.trainer, self.pool)
         if self.placement.colocate:
