@@ -99,7 +99,7 @@ def main() -> None:
     try:
         trainer = TrainerGroup.start(recipe)
         trainer.build(recipe, str(folder), compile_recipe(recipe).to_json(), False)
-        pool = RolloutPool.start(recipe, folder, root / "engines")
+        pool = RolloutPool.launch(recipe, folder, root / "engines").ready()
         for method in args.methods:
             sync = WeightSync(method, lambda: trainer, pool)
             pushes = [sync.push() for _ in range(args.repeats + 1)][1:]

@@ -164,7 +164,7 @@ def test_sync_moves_only_the_adapters_by_either_method_and_after_an_engine_resta
         trainer={"optimizer": "adamw", "lr": 5e-2, "grad_clip": None},
     )
     trainer = TrainerGroup.start(recipe)
-    pool = RolloutPool.start(recipe, tiny_qwen2_dir, tmp_path / "engines")
+    pool = RolloutPool.launch(recipe, tiny_qwen2_dir, tmp_path / "engines").ready()
     syncs = {m: WeightSync(m, lambda: trainer, pool) for m in ("collective", "object_store")}
     prompts = [tokenizer("12+34=").input_ids, tokenizer("hello").input_ids]
     batch = random_packed_batch(len(tokenizer), [20, 12], seed=3, rl=True)

@@ -127,7 +127,7 @@ def test_a_response_continued_across_a_weight_update_has_each_versions_logprobs(
     initial = load_file(tiny_qwen2_dir / "model.safetensors")
     g = torch.Generator().manual_seed(random.randrange(2**31))
     updated = {n: t + 0.05 * torch.randn(t.shape, generator=g) for n, t in initial.items()}
-    pool = RolloutPool.start(recipe, tiny_qwen2_dir, tmp_path / "engines")
+    pool = RolloutPool.launch(recipe, tiny_qwen2_dir, tmp_path / "engines").ready()
     calls = []
 
     def update_once() -> None:  # the run's pause point, where a waiting sync runs

@@ -190,7 +190,7 @@ def test_colocated_engine_sleeps_wakes_and_survives_a_kill(gpu_qwen3_dir, tokeni
     try:
         trainer.build(recipe, str(gpu_qwen3_dir), compile_recipe(recipe).to_json(), False)
         trainer.offload()
-        pool = RolloutPool.start(recipe, gpu_qwen3_dir, tmp_path / "engines", placement)
+        pool = RolloutPool.launch(recipe, gpu_qwen3_dir, tmp_path / "engines", placement).ready()
         sync = WeightSync("cuda_ipc", lambda: trainer, pool)
         prompts = [tokenizer("12+34=").input_ids, tokenizer("7*8=").input_ids]
         sync.push()  # the trainer's weights (the folder's, through bf16 megatron)

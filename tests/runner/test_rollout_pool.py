@@ -51,7 +51,7 @@ def test_engine_killed_between_steps_is_restarted_by_the_weight_sync(
     recipe = make_recipe(
         tiny_qwen2_dir, rl=True, rollout={"temperature": 0.0, "max_tokens": MAX_TOKENS}
     )
-    pool = RolloutPool.start(recipe, tiny_qwen2_dir, tmp_path / "engines")
+    pool = RolloutPool.launch(recipe, tiny_qwen2_dir, tmp_path / "engines").ready()
     prompts = [tokenizer("12+34=").input_ids, tokenizer("hello").input_ids]
     try:
         killed = pool.pids[0]

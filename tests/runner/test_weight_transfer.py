@@ -127,7 +127,7 @@ def test_collective_sync_equals_the_object_store_also_after_an_engine_restart(
         trainer={"lr": 1e-2},
     )
     trainer = TrainerGroup.start(recipe)
-    pool = RolloutPool.start(recipe, tiny_mimo_dir, tmp_path / "engines")
+    pool = RolloutPool.launch(recipe, tiny_mimo_dir, tmp_path / "engines").ready()
     collective = WeightSync("collective", lambda: trainer, pool)
     object_store = WeightSync("object_store", lambda: trainer, pool)
     prompts = [tokenizer("12+34=").input_ids, tokenizer("hello").input_ids]

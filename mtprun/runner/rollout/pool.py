@@ -49,7 +49,7 @@ class RolloutPool:
         self.pids: list[int] = []  # set by ready()
 
     @classmethod
-    def start(
+    def launch(
         cls,
         recipe: Any,
         policy_dir: Path,
@@ -59,20 +59,8 @@ class RolloutPool:
     ) -> RolloutPool:
         """`rollout.num_engines` engines on `policy_dir` (policy `version`: the global step
         that made it), each with its own work folder, placed by `placement` (the recipe's by
-        default); returns once every engine is up."""
-        return cls.launch(recipe, policy_dir, work_dir, placement, version).ready()
-
-    @classmethod
-    def launch(
-        cls,
-        recipe: Any,
-        policy_dir: Path,
-        work_dir: Path,
-        placement: Placement | None = None,
-        version: int = 0,
-    ) -> RolloutPool:
-        """`start`'s engines created and left loading in their processes: the caller goes on
-        (the trainer loads meanwhile) and calls `ready` before anything else."""
+        default), created and left loading in their processes: the caller goes on (a trainer
+        may load meanwhile) and calls `ready` before anything else."""
         placement = placement or Placement(recipe)
         count = recipe.rollout.num_engines
         remote = ray.remote(RolloutWorker)

@@ -62,7 +62,7 @@ def _evaluate(
     connect_ray(recipe, run_dir, ray_address, engines_only)
     pool = collector = None
     try:
-        pool = RolloutPool.start(recipe, policy, run_dir.vllm_dir)
+        pool = RolloutPool.launch(recipe, policy, run_dir.vllm_dir).ready()
         collector = EpisodeCollector(recipe, policy, pool)
         return Evaluator(recipe, collector).evaluate()
     finally:
