@@ -21,6 +21,9 @@ class Placement:
     def __init__(self, recipe: Any) -> None:
         self.resources = recipe.resources
         self.colocate = self.resources.placement == "colocate" and recipe.task is not None
+        # Plain fractional requests: Ray may put two actors (trainer, engine, reward model) on
+        # one GPU.
+        self.fractional_gpus = 0 < self.resources.gpus_per_actor < 1
         self.group: Any = None
         if self.colocate:
             self.group = _bundles(recipe.parallel.world_size, self.resources.cpus_per_actor)

@@ -250,8 +250,7 @@ class Driver:
         its GPU (colocated, or a fractional resources.gpus_per_actor), as vLLM sizes an
         engine's memory by what the GPU has free as it starts."""
         assert self.placement is not None
-        gpus = self.recipe.resources.gpus_per_actor
-        return not self.placement.colocate and not 0 < gpus < 1
+        return not (self.placement.colocate or self.placement.fractional_gpus)
 
     def _launch_rollouts(self, stage: Stage, start_dir: Path) -> None:
         """An RL stage's reward scorer and rollout engines started, loading while the driver
@@ -399,9 +398,10 @@ class Driver:
         before) where a fractional resources.gpus_per_actor lets a reward model share an
         engine's GPU: vLLM sizes an engine's memory by what its GPU has free as it loads, which
         another engine loading at the same time would skew."""
-        recipe = stage.recipe
-        if 0 < recipe.resources.gpus_per_actor < 1:
+        assert self.placement is not None
+        if self.placement.fractional_gpus:
             return None
+        recipe = stage.recipe
         return EpisodeScorer.for_task(recipe.task, ScorerPlacement.of(recipe), wait=False)
 
     def _stage_start_dir(self, stage: Stage) -> Path:
