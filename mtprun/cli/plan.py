@@ -474,12 +474,7 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
         layers = f"{memory.layers} layers ({memory.sparse_layers} sparse)"
     rows = [
         ("weights", memory.weights, weights),
-        (
-            "gradients",
-            memory.gradients,
-            ("float32 main gradients" if bf16 else "float32 gradients")
-            + (" of the LoRA adapters" if memory.lora_params else ""),
-        ),
+        ("gradients", memory.gradients, _gradients_text(recipe, memory)),
         ("optimizer state", memory.optimizer, state),
         (
             f"activations (recompute: {memory.recompute})",
@@ -504,6 +499,28 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
         verdict = f"[red]exceeds resources.gpu_memory_gib {budget:g}[/red]"
     table.add_row("[bold]total[/bold]", f"[bold]{memory.total / scale:.2f}[/bold]", verdict)
     return table
+
+
+def _gradients_text(recipe: Recipe, memory: TrainerMemory) -> str:
+    """The gradients' precision and when the data-parallel x context-parallel ranks sum them
+    (`MegatronMixedPrecision`: bf16 weights reduce-scatter during the backward)."""
+    from mtprun.preflight.model_shape import recipe_shape
+
+    bf16 = memory.bf16_weights
+    text = "float32 main gradients" if bf16 else "float32 gradients"
+    text += " of the LoRA adapters" if memory.lora_params else ""
+    ranks = recipe.parallel.dp * recipe.parallel.cp
+    if ranks == 1:
+        return text
+    if not bf16:
+        return f"{text}; all-reduced over dp x cp = {ranks} ranks after the backward"
+    shape = recipe_shape(recipe)
+    if memory.stages > 1 and not isinstance(shape, str) and shape.tie_embeddings:
+        return (
+            f"{text}; reduce-scattered over dp x cp = {ranks} ranks after the backward, not "
+            "during it: the tied embedding's two stages sum their gradients first"
+        )
+    return f"{text}; reduce-scattered over dp x cp = {ranks} ranks during the backward"
 
 
 def _mib(n: int) -> str:

@@ -16,12 +16,8 @@ Weight gradient dW[e] = dy[start_e:end_e]^T @ x[start_e:end_e] [out, in]:
   main_grad tile read and written once; `mtprun.kernels.triton.grouped_wgrad`), or on CPU
   without the Triton interpreter by a loop of float32 GEMMs. Then megatron's contract for
   gradient-accumulation fusion (`LinearWithGradAccumulationAndAsyncCommunication.backward`,
-  megatron-core 0.16): if the weight carries `grad_added_to_main_grad` (DDP sets it False on
-  every parameter when it wraps the model and at each `zero_grad_buffer`), it is set True and
-  autograd gets a dummy gradient (uninitialised; zeros when the weight has `zero_out_wgrad`),
-  so that DDP's backward hook, which adds `param.grad` into main_grad unless
-  `grad_added_to_main_grad`, does not add it again and still runs on the backward's thread;
-  else autograd gets no weight gradient.
+  megatron-core 0.16, `mtprun.kernels.main_grad`): autograd gets DDP's dummy gradient, or
+  none where DDP does not watch the weight.
 - otherwise: a normal gradient in the weight's dtype (on CUDA bf16 torch's own grouped GEMM,
   as torch's autograd of `_grouped_mm` computes it).
 """
@@ -33,6 +29,8 @@ from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
+
+from mtprun.kernels.main_grad import grad_for_ddp_hook
 
 
 def grouped_linear(
@@ -102,17 +100,6 @@ def add_weight_grad_(
         main_grad[e].addmm_(rows_dy.t(), rows_x)
 
 
-def _dummy_grad(weight: torch.Tensor) -> torch.Tensor:
-    """What autograd gets for a weight whose gradient went into main_grad, as megatron-core's
-    linear layers return it: DDP's hook drops it (or adds it, zeros, under `zero_out_wgrad`),
-    but not None, so that the hook runs (with `overlap_grad_reduce` it asserts a gradient and
-    marks the bucket ready there).
-    Contiguous like the weight, so that autograd keeps it rather than copying it."""
-    if getattr(weight, "zero_out_wgrad", False):
-        return torch.zeros_like(weight, memory_format=torch.contiguous_format)
-    return torch.empty_like(weight, memory_format=torch.contiguous_format)
-
-
 class GroupedLinear(torch.autograd.Function):
     """y = x_e @ W_e^T per row group (see the module docstring).
 
@@ -135,9 +122,7 @@ class GroupedLinear(torch.autograd.Function):
         grad_weight = None
         if ctx.needs_input_grad[1] and ctx.main_grad is not None:
             add_weight_grad_(ctx.main_grad, dy, x, ends)
-            if hasattr(weight, "grad_added_to_main_grad"):  # DDP's hook watches the weight
-                grad_weight = _dummy_grad(weight)
-                weight.grad_added_to_main_grad = True
+            grad_weight = grad_for_ddp_hook(weight)
         elif ctx.needs_input_grad[1]:
             grad_weight = _weight_grad(dy, x, ends, weight)
         return dx, grad_weight, None, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mtprun.kernels.inputs import HeadInputs
+from mtprun.kernels.main_grad import grad_for_ddp_hook
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.kernels.row_groups import row_groups
 from mtprun.kernels.torch_engine import Chunking, Gradients, TorchHeadEngine
@@ -99,6 +100,7 @@ class FusedHeadLoss(torch.autograd.Function):
         if inputs.weight_main_grad is not None and grads.weight is not None:
             # Already times grad_loss = weight_grad_scale (HeadInputs.build's contract).
             inputs.weight_main_grad.add_(grads.weight)
+            weight_grad = grad_for_ddp_hook(inputs.weight)
         else:
             weight_grad = cast(grads.weight, inputs.weight)
         return None, cast(grads.hidden, inputs.hidden), weight_grad, *mtp

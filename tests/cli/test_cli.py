@@ -193,6 +193,32 @@ def _qwen_7b(tmp_path: Path) -> list[str]:
     return [f"model.path={folder}"]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "tied", "summed"),
+    [
+        (["model.dtype=float32"], False, "float32 gradients; all-reduced over dp x cp = 2 ranks "),
+        (["parallel.dp=1", "parallel.pp=2"], False, "float32 main gradients │"),
+        (
+            ["parallel.tp=1", "parallel.pp=2"],
+            True,
+            "reduce-scattered over dp x cp = 2 ranks after the backward, not during it: the tied "
+            "embedding's two stages sum their gradients first",
+        ),
+        (["parallel.tp=1", "parallel.pp=2"], False, "2 ranks during the backward"),
+    ],
+)
+def test_plan_says_when_the_ranks_sum_the_gradients(
+    tmp_path, capsys, monkeypatch, overrides, tied, summed
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    folder = tmp_path / "qwen-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**QWEN_7B, "tie_word_embeddings": tied}))
+    recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
+    assert main(["plan", str(recipe_path), f"model.path={folder}", *overrides]) == 0
+    assert summed in " ".join(capsys.readouterr().out.split())
+
+
 def test_plan_shows_the_trainer_memory_per_rank(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "250")
     recipe_path = REPO / "recipes" / "megatron-tp2.yaml"
@@ -204,7 +230,10 @@ def test_plan_shows_the_trainer_memory_per_rank(tmp_path, capsys, monkeypatch) -
     assert "trainer memory per rank" in out
     gib = {name: f"{n / 2**30:.2f}" for name, n in memory.parts().items()}
     assert f"weights │ {gib['weights']} │ bf16 compute weights" in out
-    assert f"gradients │ {gib['gradients']} │ float32 main gradients" in out
+    assert (
+        f"gradients │ {gib['gradients']} │ float32 main gradients; reduce-scattered over dp x cp = "
+        "2 ranks during the backward" in out
+    )
     assert (
         f"optimizer state │ {gib['optimizer']} │ AdamW: float32 master weights, exp_avg, "
         "exp_avg_sq; sharded over dp x cp = 2 ranks" in out

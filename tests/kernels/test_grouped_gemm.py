@@ -5,13 +5,14 @@ checked with megatron-core's own DDP backward hook (which must not add it a seco
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mtprun.kernels.grouped_gemm import grouped_linear
+
+from .megatron_hook import megatron_ddp_hook
 
 COUNTS = [3, 0, 7, 5]
 WIDTH_IN, WIDTH_OUT = 6, 10
@@ -51,29 +52,13 @@ def test_output_and_gradients_match_a_float64_loop() -> None:
     assert torch.equal(weight.grad[1], torch.zeros_like(weight.grad[1]))  # the empty group
 
 
-def _megatron_hook(param: torch.nn.Parameter) -> None:
-    """megatron-core's DDP backward hook on `param`, registered as DDP registers it (on the
-    parameter's gradient accumulator), for a DDP of one bucket without overlapped reduce."""
-    from megatron.core.distributed import DistributedDataParallel
-
-    ddp = SimpleNamespace(
-        param_to_bucket_group={param: None},
-        ddp_config=SimpleNamespace(overlap_grad_reduce=False),
-    )
-    hook = DistributedDataParallel._make_backward_post_hook(ddp, param)
-    accumulator = param.expand_as(param).grad_fn.next_functions[0][0]
-    accumulator.register_hook(hook)
-    param._test_accumulator = accumulator  # kept alive, as DDP keeps its grad_accs
-
-
 @pytest.mark.parametrize("micro_batches", [1, 2])
 def test_weight_gradient_goes_into_main_grad_once(micro_batches: int) -> None:
     x, weight, dy, ends = _inputs(1)
     weight = torch.nn.Parameter(weight)
     start = torch.randn(weight.shape, generator=torch.Generator().manual_seed(2))
     weight.main_grad = start.clone()
-    weight.grad_added_to_main_grad = False  # what megatron-core's DDP sets on every parameter
-    _megatron_hook(weight)
+    ready = megatron_ddp_hook(weight)
     x = x.requires_grad_()
     for _ in range(micro_batches):
         grouped_linear(x, weight, ends, accumulate_in_main_grad=True).backward(dy)
@@ -82,6 +67,7 @@ def test_weight_gradient_goes_into_main_grad_once(micro_batches: int) -> None:
     want = start.double() + micro_batches * w64.grad
     torch.testing.assert_close(weight.main_grad.double(), want, rtol=1e-5, atol=1e-5)
     assert weight.grad_added_to_main_grad and weight.grad is None  # the hook dropped the dummy
+    assert ready == [weight] * micro_batches  # and marked it ready each time
     x64 = x.detach().double().requires_grad_()
     _reference(x64, weight.detach().double()).backward(dy.double())
     torch.testing.assert_close(x.grad.double(), micro_batches * x64.grad, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from mtprun.compiler import HeadPlan
 from mtprun.kernels import HeadInputs
 
+from .megatron_hook import megatron_ddp_hook
 from .reference import reference_head_loss
 
 PLANS = {
@@ -203,3 +204,10 @@ def assert_weight_grad_goes_into_main_grad(
             torch.testing.assert_close(got, want)
         else:
             assert relative_error(got, want) < tol
+    # Under megatron-core's DDP with the overlapped reduce: its hook gets a dummy, adds nothing
+    # more, and marks the weight ready for its bucket's reduce-scatter.
+    ready = megatron_ddp_hook(batch["weight"])
+    after = main_grad.clone()
+    (scale * fn(inputs).loss).backward()
+    assert ready == [batch["weight"]] and batch["weight"].grad is None
+    torch.testing.assert_close(main_grad - after, after - before)

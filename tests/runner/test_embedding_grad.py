@@ -1,12 +1,14 @@
 """The token embedding's gradient added into its float32 main_grad row by row
 (`embedding_grad`): the same as the dense gradient of `F.embedding`, in float64, repeated tokens
-summed, no gradient left for autograd; through megatron's VocabParallelEmbedding on one rank and
+summed, no gradient left for autograd (DDP's hook, where it watches, gets a dummy and marks the
+weight ready); through megatron's VocabParallelEmbedding on one rank and
 split over two (gloo, CPU), each rank adding only its vocabulary half's rows."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from kernels.megatron_hook import megatron_ddp_hook
 from megatron.core.tensor_parallel import VocabParallelEmbedding
 from megatron.core.transformer import TransformerConfig
 
@@ -40,6 +42,14 @@ def test_rows_are_added_into_main_grad_and_autograd_gets_no_weight_gradient():
     assert torch.equal(out, F.embedding(ids, weight))
     assert weight.grad is None
     want = before.double() + _dense_grad(ids, weight, grad_out)
+    torch.testing.assert_close(weight.main_grad.double(), want, rtol=1e-6, atol=1e-6)
+
+    # Under megatron-core's DDP with the overlapped reduce: its hook gets a dummy, adds nothing
+    # more, and marks the weight ready for its bucket's reduce-scatter.
+    ready = megatron_ddp_hook(weight)
+    EmbeddingIntoMainGrad.apply(ids, weight).backward(grad_out)
+    assert ready == [weight] and weight.grad is None
+    want = want + _dense_grad(ids, weight, grad_out)
     torch.testing.assert_close(weight.main_grad.double(), want, rtol=1e-6, atol=1e-6)
 
 

@@ -8,6 +8,7 @@ from mtprun import losses
 from mtprun.compiler import HeadPlan
 from mtprun.kernels.combine import sampler_metrics
 from mtprun.kernels.inputs import HeadInputs
+from mtprun.kernels.main_grad import grad_for_ddp_hook
 from mtprun.kernels.output import HeadLossOutput
 from mtprun.kernels.row_groups import row_groups
 from mtprun.kernels.triton import groups as kg
@@ -78,6 +79,8 @@ class _PrecomputedGrads(torch.autograd.Function):
     def forward(ctx, loss, grads, weight, *students):
         # weight and students are inputs only so that autograd routes their gradients here.
         ctx.grads = grads
+        # No weight gradient with one wanted: the forward added it into the weight's main_grad.
+        ctx.weight_in_main_grad = weight if grads[0] is None and weight.requires_grad else None
         return loss.clone()
 
     @staticmethod
@@ -92,7 +95,10 @@ class _PrecomputedGrads(torch.autograd.Function):
         for grad in grads:
             if grad is not None:
                 scale_(grad, grad_loss)
-        return None, None, *grads
+        weight_grad, *student_grads = grads
+        if ctx.weight_in_main_grad is not None:
+            weight_grad = grad_for_ddp_hook(ctx.weight_in_main_grad)
+        return None, None, weight_grad, *student_grads
 
 
 def _kernel_groups(plan: HeadPlan, inputs: HeadInputs) -> list[KernelGroup]:

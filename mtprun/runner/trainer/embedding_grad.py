@@ -7,8 +7,8 @@ zero except for the rows of the micro batch's tokens, which DDP's hook then adds
 `main_grad`. At a 248k vocabulary and H = 4096 that is a 2 GB zero-fill and scatter plus a
 10 GB read-modify-write per micro batch, for the 4096 rows that carry anything (~5 ms of a
 0.6 s step on an H100, per micro batch). Here the backward adds the rows alone:
-`main_grad.index_add_(0, ids, grad)`, and hands autograd no weight gradient (so DDP's hook does
-not run for the weight; with `overlap_grad_reduce` off it has nothing else to do).
+`main_grad.index_add_(0, ids, grad)`, and hands autograd DDP's dummy gradient
+(`mtprun.kernels.main_grad`: its hook adds nothing, and marks the weight's bucket ready).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
+
+from mtprun.kernels.main_grad import grad_for_ddp_hook
 
 
 class EmbeddingIntoMainGrad(torch.autograd.Function):
@@ -39,12 +41,12 @@ class EmbeddingIntoMainGrad(torch.autograd.Function):
         return F.embedding(ids, weight)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, None]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor | None]:
         (ids,) = ctx.saved_tensors
         main_grad = ctx.weight.main_grad
         rows = grad.reshape(-1, grad.shape[-1]).to(main_grad.dtype)
         main_grad.index_add_(0, ids.reshape(-1), rows)
-        return None, None
+        return None, grad_for_ddp_hook(ctx.weight)
 
 
 def _forward_into_main_grad(self: VocabParallelEmbedding, input_: torch.Tensor) -> torch.Tensor:

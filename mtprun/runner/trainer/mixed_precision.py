@@ -7,7 +7,13 @@ rows into it (`embedding_grad`), the other parameters' bf16 gradients are added 
 are produced. DDP sums the buffer over the data-parallel x
 context-parallel ranks once per step (the trainer's losses are already weighted by each
 share's tokens: `calculate_per_token_loss` makes DDP sum, not average), reduce-scattered so
-that each rank keeps the slice it steps. Megatron-core's distributed optimizer keeps float32
+that each rank keeps the slice it steps. The reduce-scatter overlaps the backward
+(`overlap_grad_reduce`): a bucket's starts as soon as the last micro batch has handed DDP's
+hook every one of its gradients (the backwards that add into main_grad themselves hand it a
+dummy, `mtprun.kernels.main_grad`), and the earlier micro batches run under DDP's `no_sync`
+(megatron-core's schedule reads it from the model config). Not where a tied embedding is split
+over pipeline stages: the two stages' gradients are summed after the backward, before the
+reduce. Megatron-core's distributed optimizer keeps float32
 master weights and the Adam state of that slice only (sharded over the data-parallel x
 context-parallel ranks), clips by the whole model's norm (tensor-parallel duplicates and a
 tied output-layer copy counted once, pipeline stages summed; the clip coefficient applied by
@@ -55,7 +61,11 @@ class MegatronMixedPrecision:
     """
 
     def __init__(
-        self, trainer: TrainerSection, model: torch.nn.Module, copies: frozenset[str] = frozenset()
+        self,
+        trainer: TrainerSection,
+        model: torch.nn.Module,
+        copies: frozenset[str] = frozenset(),
+        overlap_grad_reduce: bool = True,
     ) -> None:
         self.trainer = trainer
         for name, param in model.named_parameters():
@@ -65,11 +75,13 @@ class MegatronMixedPrecision:
             config=model.config,
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,
-                overlap_grad_reduce=False,
+                overlap_grad_reduce=overlap_grad_reduce,
                 use_distributed_optimizer=True,
             ),
             module=model,
         )
+        if overlap_grad_reduce:
+            model.config.no_sync_func = self.ddp.no_sync
         accumulate_wgrad_in_main_grad(model)  # after DDP: it gives each weight main_grad
         accumulate_embedding_grad_in_main_grad(model)
         use_foreach_multi_tensor_ops()
@@ -107,8 +119,12 @@ class MegatronMixedPrecision:
         self.ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def finish_grads(self) -> None:
-        """Sum the float32 main gradients over the data-parallel x context-parallel ranks."""
+    def finish_grads(self, backward_ran: bool = True) -> None:
+        """Sum the float32 main gradients over the data-parallel x context-parallel ranks
+        (`backward_ran` False: a step whose micro batches all had nothing to train, where no
+        backward started the overlapped reduce)."""
+        if self.ddp.ddp_config.overlap_grad_reduce and not backward_ran:
+            self.ddp.start_grad_sync()
         self.ddp.finish_grad_sync()
 
     def step(self) -> float:

@@ -152,7 +152,17 @@ class Trainer:
         )
         names = [n for n, _ in self.model.named_parameters()]
         copies = frozenset(n for n in names if is_tied_copy(n, self.shape, self.stage))
-        self.mixed = MegatronMixedPrecision(recipe.trainer, self.model, copies) if mixed else None
+        self.mixed = (
+            MegatronMixedPrecision(
+                recipe.trainer,
+                self.model,
+                copies,
+                # the stages' gradients of a split tied embedding are summed after the backward
+                overlap_grad_reduce=not splits_tied_embedding(self.shape, self.stage),
+            )
+            if mixed
+            else None
+        )
         self.groups = [] if mixed else build_groups(recipe.trainer, self.model, separate)
         self._norm_scope = NormScope(
             tp=self.tp_group,
@@ -206,7 +216,7 @@ class Trainer:
                 sums[name] = sums[name] + value
         sums = dict(zip(sums, _read_floats(list(sums.values())), strict=True))
         self._sum_tied_embedding_grads()
-        lr, norms = self._optimizer_step()
+        lr, norms = self._optimizer_step(backward_ran=bool(shares))
         self._refresh_mtp_embedding()
         self.step += 1
         summed = self._sum_over_data_parallel(list(sums.values()), with_context=True)
@@ -282,11 +292,11 @@ class Trainer:
         for group in self.groups:
             group.optimizer.zero_grad(set_to_none=True)
 
-    def _optimizer_step(self) -> tuple[float, dict[str, float]]:
+    def _optimizer_step(self, backward_ran: bool) -> tuple[float, dict[str, float]]:
         """Sum the gradients over data-parallel and context-parallel ranks, clip and step;
         returns this step's learning rate and each optimizer's norm before clipping."""
         if self.mixed is not None:
-            self.mixed.finish_grads()
+            self.mixed.finish_grads(backward_ran)
             sum_partial_grads(self.model, self.tp_group)
             lr = self.mixed.lr
             return lr, {"policy": self.mixed.step()}

@@ -1,0 +1,59 @@
+"""bf16 training on two GPUs (dp = 2, NCCL) against one process that trains both ranks' micro
+batches: the same loss and gradient norm every step, and the same weights after three AdamW
+steps. DDP's reduce-scatter overlaps the backward and starts for a bucket once the last micro
+batch has handed its hook every gradient (`MegatronMixedPrecision`); the ranks train different
+numbers of micro batches a step (2/1, 3/2, 1/2), as RL steps do, so a reduce started before a
+gradient was in, or a micro batch left out of it, changes the norm. Needs two GPUs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+if torch.cuda.device_count() < 2:
+    pytest.skip("data parallelism over NCCL needs two GPUs", allow_module_level=True)
+
+from mtprun.compiler import compile_recipe
+from mtprun.runner.trainer.trainer import Trainer
+
+from .conftest import make_recipe, random_packed_batch
+from .gloo_pool import gloo_pool
+
+pytestmark = pytest.mark.gpu
+
+LENGTHS = [[40, 24, 64], [90], [12, 30], [70, 8], [33], [50, 50], [20, 61], [45], [9, 9, 30]]
+# The micro batches (indices into LENGTHS) each rank trains at each of three steps.
+RANK_STEPS = [[[0, 1], [2, 3, 4], [5]], [[6], [7, 8], [0, 3]]]
+
+
+def _three_steps(model_dir, layout: dict[str, int], steps: list[list[int]]):
+    recipe = make_recipe(
+        model_dir,
+        parallel=layout,
+        model={"path": str(model_dir), "dtype": "bfloat16"},
+        trainer={"optimizer": "adamw", "lr": 1e-3, "grad_clip": 1.0},
+    )
+    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cuda")
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    batches = [random_packed_batch(vocab, n, seed=i) for i, n in enumerate(LENGTHS)]
+    metrics = [trainer.train_step([batches[i] for i in step]) for step in steps]
+    weights = {name: t.float().cpu() for name, t in trainer.hf_state_dict().items()}
+    return metrics, weights
+
+
+def _rank_job(rank: int, layout: dict[str, int], model_dir):
+    return _three_steps(model_dir, layout, RANK_STEPS[rank])
+
+
+def test_two_ranks_train_like_one_process(megatron_tp1, tiny_qwen3_dir):
+    ranks = gloo_pool().run({"dp": 2}, _rank_job, tiny_qwen3_dir)
+    both = [left + right for left, right in zip(*RANK_STEPS, strict=True)]
+    one, one_weights = _three_steps(tiny_qwen3_dir, {}, both)
+    for two, two_weights in ranks:
+        for step, (want, got) in enumerate(zip(one, two, strict=True)):
+            for name in ("loss", "grad_norm", "trained_tokens"):
+                assert got[name] == pytest.approx(want[name], rel=5e-3), (step, name)
+        for name, tensor in one_weights.items():  # bf16 weights: a rounding step apart
+            torch.testing.assert_close(two_weights[name], tensor, rtol=1e-2, atol=1e-3)
