@@ -210,4 +210,4 @@ def assert_weight_grad_goes_into_main_grad(
     after = main_grad.clone()
     (scale * fn(inputs).loss).backward()
     assert ready == [batch["weight"]] and batch["weight"].grad is None
-    torch.testing.assert_close(main_grad - after, after - before)
+    torch.testing.assert_close(main_grad - after, after - before.to(after.device))

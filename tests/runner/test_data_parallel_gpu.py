@@ -55,5 +55,8 @@ def test_two_ranks_train_like_one_process(megatron_tp1, tiny_qwen3_dir):
         for step, (want, got) in enumerate(zip(one, two, strict=True)):
             for name in ("loss", "grad_norm", "trained_tokens"):
                 assert got[name] == pytest.approx(want[name], rel=5e-3), (step, name)
-        for name, tensor in one_weights.items():  # bf16 weights: a rounding step apart
-            torch.testing.assert_close(two_weights[name], tensor, rtol=1e-2, atol=1e-3)
+        # Another summation order may flip the sign of a near-zero gradient, and Adam's first
+        # steps move that weight by +-lr: a few elements differ by ~2 lr, the rest by bf16 ulps.
+        for name, want in one_weights.items():
+            error = float((two_weights[name] - want).norm() / want.norm())
+            assert error < 1e-2, f"{name}: relative error {error:.2e}"
