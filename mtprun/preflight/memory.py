@@ -310,8 +310,9 @@ def estimate_trainer_memory(
     """Memory of one trainer rank on its most loaded pipeline stage (module docstring).
 
     `optimizer_state` is the dtype of AdamW's moments under bf16 weights (float32 weights keep
-    float32 ones). `plan` is the compiled head loss (its buffers count on the last stage);
-    None leaves the head loss out. `lora`: the base is frozen and only its adapters train.
+    float32 ones). `plan` is the compiled head loss (its buffers count on the last stage; the
+    MTP layers its mtp term does not reach are frozen); None leaves the head loss out and
+    counts every MTP layer trained. `lora`: the base is frozen and only its adapters train.
     """
     tp, pp, cp, dp, ep = parallel.tp, parallel.pp, parallel.cp, parallel.dp, parallel.ep
     act_bytes = _DTYPE_BYTES[dtype]
@@ -330,6 +331,7 @@ def estimate_trainer_memory(
     else:
         state_bytes = _ADAM_MOMENTS if optimizer == "adamw" else 0  # SGD without momentum
     tokens = local_tokens(micro_batch_tokens, cp)
+    mtp_trained = None if plan is None else min(max(plan.mtp_depths, default=0), shape.mtp_layers)
     head = 0
     if plan is not None:
         head = estimate_head_cost(
@@ -338,7 +340,7 @@ def estimate_trainer_memory(
 
     candidates = []
     for stage in range(pp):
-        params = _stage_params(shape, tp, pp, stage, ep)
+        params = _stage_params(shape, tp, pp, stage, ep, mtp_trained)
         adapters, held_experts = 0, params.expert
         if lora is not None:  # the base is frozen; the adapters train (dense replicated)
             adapters = len(stage_layers(shape, pp, stage)) * lora_layer_params(shape, tp, lora)
@@ -354,7 +356,9 @@ def estimate_trainer_memory(
                 weights=(trained + params.frozen) * (2 if bf16_weights else 4),
                 gradients=trained * FLOAT32,
                 optimizer=optimizer_bytes,
-                activations=_activations(shape, parallel, act_bytes, recompute, tokens, stage)
+                activations=_activations(
+                    shape, parallel, act_bytes, recompute, tokens, stage, mtp_trained
+                )
                 + _lora_activations(shape, parallel, act_bytes, recompute, tokens, stage, lora),
                 head_loss=head if last else 0,
                 recompute=recompute,
@@ -387,8 +391,11 @@ class _StageParams:
         return self.replicated + self.expert + self.frozen
 
 
-def _stage_params(shape: ModelShape, tp: int, pp: int, stage: int, ep: int = 1) -> _StageParams:
-    """Parameters of pipeline stage `stage` on one tensor-parallel and expert-parallel rank."""
+def _stage_params(
+    shape: ModelShape, tp: int, pp: int, stage: int, ep: int = 1, mtp_trained: int | None = None
+) -> _StageParams:
+    """Parameters of pipeline stage `stage` on one tensor-parallel and expert-parallel rank;
+    `mtp_trained` of the MTP layers train (None: all of them)."""
     h = shape.hidden
     # pp divides the layers (a rule checks); the last stage holds fewer otherwise.
     layers = stage_layers(shape, pp, stage)
@@ -412,13 +419,17 @@ def _stage_params(shape: ModelShape, tp: int, pp: int, stage: int, ep: int = 1) 
             trained += embedding
         # MTP layer (MiMo, GLM-4.5): token/hidden/final norms, input_proj [h, 2h] (replicated
         # over tp), one decoder layer (sparse in a model with experts, as the trainer builds it).
-        trained += shape.mtp_layers * (2 * h * h + 3 * h)
+        # Those beyond the mtp term's depth are frozen (PolicyModel.freeze_mtp_layers_beyond).
+        dense, routed = 2 * h * h + 3 * h, 0
         if shape.experts is None:
-            trained += shape.mtp_layers * layer_params(shape, tp)
+            dense += layer_params(shape, tp)
         else:  # a mixture-of-experts model's MTP layers are sparse (GLM-4.5)
             replicated, routed = moe_layer_params(shape, tp, ep)
-            trained += shape.mtp_layers * replicated
-            expert += shape.mtp_layers * routed
+            dense += replicated
+        mtp_trained = shape.mtp_layers if mtp_trained is None else mtp_trained
+        trained += mtp_trained * dense
+        expert += mtp_trained * routed
+        frozen += (shape.mtp_layers - mtp_trained) * (dense + routed)
         if shape.mtp_layers and pp > 1 and not shape.tie_embeddings:
             frozen += embedding  # a frozen embedding copy for the MTP layers' lookups
     return _StageParams(trained, expert, frozen)
@@ -471,7 +482,10 @@ def _activations(
     recompute: Recompute,
     tokens: int,
     stage: int,
+    mtp_trained: int | None = None,
 ) -> int:
+    """Bytes of one stage's activations (`mtp_trained`: the MTP layers that run with a loss,
+    None: all of them)."""
     pp = parallel.pp
     sparse = [shape.is_moe_layer(i) for i in stage_layers(shape, pp, stage)]
     per_micro_batch = sum(_per_token_layer(shape, parallel, b, recompute, m) for m in sparse)
@@ -479,7 +493,7 @@ def _activations(
         h = shape.hidden
         mtp_mode = "none" if recompute == "full" else recompute
         per_micro_batch += 2 * h * b  # the final norm's input and output (the head's input)
-        per_micro_batch += shape.mtp_layers * (
+        per_micro_batch += (shape.mtp_layers if mtp_trained is None else mtp_trained) * (
             8 * h * b + _per_token_layer(shape, parallel, b, mtp_mode, shape.experts is not None)
         )
     total = tokens * (pp - stage) * per_micro_batch

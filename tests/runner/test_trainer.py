@@ -195,6 +195,22 @@ def test_mtp_draft_loss_never_reaches_the_trunk(megatron_tp1, tiny_mimo_dir):
     assert float(updates["ce"]["mtp_layers.0.input_proj.weight"].abs().max()) == 0
 
 
+def test_mtp_layers_that_no_term_trains_are_frozen(megatron_tp1, tiny_mimo_dir):
+    """Without an mtp term the model's MTP layer is still built (exports carry it) but frozen:
+    no loss reaches it, and the bf16 path's optimizer would decay it and its DDP expect its
+    gradient. With the term it trains."""
+    adamw = {"optimizer": "adamw", "lr": 1e-2, "weight_decay": 0.1}
+    for losses, trains in (([{"kind": "ce"}], False), ([{"kind": "ce"}, {"kind": "mtp"}], True)):
+        recipe = make_recipe(tiny_mimo_dir, losses=losses, trainer=adamw)
+        trainer = Trainer(recipe, tiny_mimo_dir, compile_recipe(recipe), "cpu")
+        mtp = dict(trainer.model.mtp_layers.named_parameters())
+        assert mtp and {p.requires_grad for p in mtp.values()} == {trains}
+        before = {name: p.detach().clone() for name, p in mtp.items()}
+        trainer.train_step(_batches(trainer.shape.vocab, seed=5))
+        moved = [name for name, p in mtp.items() if not torch.equal(p.detach(), before[name])]
+        assert bool(moved) == trains, moved
+
+
 def test_separate_mtp_optimizer_leaves_the_policy_step_unchanged(megatron_tp1, tiny_mimo_dir):
     runs = {}
     plans = {

@@ -166,6 +166,18 @@ def test_mtp_layers_count_on_the_last_stage() -> None:
     assert _estimate(mimo).activations == _estimate().activations + TOKENS * extra
 
 
+def test_mtp_layers_without_an_mtp_term_are_frozen_and_do_not_run() -> None:
+    mimo = ModelShape(**{**SMALL.__dict__, "mtp_layers": 1})
+    mtp_layer = LAYER + 2 * 64 * 64 + 3 * 64
+    ce = HeadPlan.from_losses([{"kind": "ce"}])
+    ce_mtp = HeadPlan.from_losses([{"kind": "ce"}, {"kind": "mtp"}])
+    trained, frozen = _estimate(mimo, plan=ce_mtp), _estimate(mimo, plan=ce)
+    assert frozen.weights == trained.weights == 2 * (PARAMS + mtp_layer)  # built either way
+    assert frozen.gradients == 4 * PARAMS and trained.gradients == 4 * (PARAMS + mtp_layer)
+    assert trained.optimizer - frozen.optimizer == 12 * mtp_layer
+    assert frozen.activations == _estimate(plan=ce).activations
+
+
 def test_a_recipe_head_loss_comes_from_the_head_estimate(write_recipe) -> None:
     path = write_recipe(TINY_BF16)
     recipe = load_recipe(path, ["trainer.recompute=selective", "resources.gpu_memory_gib=null"])

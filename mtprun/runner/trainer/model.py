@@ -305,6 +305,14 @@ class PolicyModel(GPTModel):
         else:
             self.embedding.requires_grad_(False)
 
+    def freeze_mtp_layers_beyond(self, depth: int) -> None:
+        """Freeze the MTP layers that no mtp term reaches (head k runs layer k - 1; none runs
+        without the term): nothing would train them, the distributed optimizer would still
+        decay them, and DDP's overlapped reduce expects a gradient from every trainable
+        parameter."""
+        for layer in self.mtp_layers[depth:]:
+            layer.requires_grad_(False)
+
     def output_weight(self) -> torch.Tensor:
         """The output layer's weight (last stage): this rank's vocab shard [V/tp, H]."""
         if self.share_embeddings_and_output_weights:

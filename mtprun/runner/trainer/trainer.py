@@ -142,6 +142,7 @@ class Trainer:
             ep=ep,
             moe=moe_options(recipe),
         )
+        self.model.freeze_mtp_layers_beyond(max(plan.mtp_depths, default=0))
         if recipe.model.lora is not None:  # base frozen, adapters train (trainer/lora.py)
             attach_lora(self.model, recipe.model.lora, *tp, seed=recipe.seed)
         distill = plan.term("distill")
