@@ -310,9 +310,9 @@ def estimate_trainer_memory(
     """Memory of one trainer rank on its most loaded pipeline stage (module docstring).
 
     `optimizer_state` is the dtype of AdamW's moments under bf16 weights (float32 weights keep
-    float32 ones). `plan` is the compiled head loss (its buffers count on the last stage; the
-    MTP layers its mtp term does not reach are frozen); None leaves the head loss out and
-    counts every MTP layer trained. `lora`: the base is frozen and only its adapters train.
+    float32 ones). `plan` is the compiled head loss (its buffers on the last stage, the MTP
+    layers beyond its mtp term frozen); None: no head loss, every MTP layer trained. `lora`:
+    the base is frozen and only its adapters train.
     """
     tp, pp, cp, dp, ep = parallel.tp, parallel.pp, parallel.cp, parallel.dp, parallel.ep
     act_bytes = _DTYPE_BYTES[dtype]
@@ -322,14 +322,7 @@ def estimate_trainer_memory(
     shards = dp * cp if bf16_weights else 1
     # Expert weights are reduced and sharded over the ranks that hold the same experts.
     expert_shards = max(shards // ep, 1) if bf16_weights else 1
-    if optimizer != "adamw":
-        optimizer_state = "none"
-    elif not bf16_weights:
-        optimizer_state = "float32"  # torch.optim on float32 weights
-    if bf16_weights:
-        state_bytes = _MASTER + (_MOMENT_BYTES[optimizer_state] if optimizer == "adamw" else 0)
-    else:
-        state_bytes = _ADAM_MOMENTS if optimizer == "adamw" else 0  # SGD without momentum
+    optimizer_state, state_bytes = _optimizer_state(optimizer, optimizer_state, bf16_weights)
     tokens = local_tokens(micro_batch_tokens, cp)
     mtp_trained = None if plan is None else min(max(plan.mtp_depths, default=0), shape.mtp_layers)
     head = 0
@@ -380,6 +373,15 @@ def estimate_trainer_memory(
     return max(candidates, key=lambda m: m.total)  # the first of equals: stage 0
 
 
+def _optimizer_state(optimizer: str, moments: str, bf16_weights: bool) -> tuple[str, int]:
+    """The optimizer state's dtype as reported, and its bytes per trained parameter."""
+    if optimizer != "adamw":  # SGD without momentum: the bf16 path's master weights alone
+        return "none", _MASTER if bf16_weights else 0
+    if not bf16_weights:
+        return "float32", _ADAM_MOMENTS  # torch.optim on float32 weights
+    return moments, _MASTER + _MOMENT_BYTES[moments]
+
+
 @dataclass(frozen=True)
 class _StageParams:
     replicated: int  # trained, not experts (the optimizer shards them over dp x cp)
@@ -395,7 +397,7 @@ def _stage_params(
     shape: ModelShape, tp: int, pp: int, stage: int, ep: int = 1, mtp_trained: int | None = None
 ) -> _StageParams:
     """Parameters of pipeline stage `stage` on one tensor-parallel and expert-parallel rank;
-    `mtp_trained` of the MTP layers train (None: all of them)."""
+    `mtp_trained` of the MTP layers train and run (None: all of them)."""
     h = shape.hidden
     # pp divides the layers (a rule checks); the last stage holds fewer otherwise.
     layers = stage_layers(shape, pp, stage)
@@ -484,8 +486,6 @@ def _activations(
     stage: int,
     mtp_trained: int | None = None,
 ) -> int:
-    """Bytes of one stage's activations (`mtp_trained`: the MTP layers that run with a loss,
-    None: all of them)."""
     pp = parallel.pp
     sparse = [shape.is_moe_layer(i) for i in stage_layers(shape, pp, stage)]
     per_micro_batch = sum(_per_token_layer(shape, parallel, b, recompute, m) for m in sparse)
@@ -550,56 +550,3 @@ def recipe_trainer_memory(
         plan=plan,
         lora=None if full_finetune else recipe.model.lora,
     )
-
-
-def over_budget_message(memory: TrainerMemory, budget: str, micro_batch_tokens: int) -> str:
-    """Why `memory` does not fit in `budget` (the memory it was held against, in words), and
-    what to change."""
-    parts = memory.parts()
-    largest = memory.largest()
-    where = f" (pipeline stage {memory.stage} of {memory.stages})" if memory.stages > 1 else ""
-    breakdown = ", ".join(
-        f"{PART_LABELS[name]} {_gib(parts[name])}"
-        + (f" (recompute {memory.recompute})" if name == "activations" else "")
-        for name in PARTS
-    )
-    return (
-        f"the trainer needs an estimated {_gib(memory.total)} GiB per rank{where}, more than "
-        f"{budget}; {PART_LABELS[largest]} is the largest part ({breakdown} GiB; "
-        "`mtprun plan` shows how they are counted): " + _remedy(memory, largest, micro_batch_tokens)
-    )
-
-
-def _remedy(memory: TrainerMemory, largest: str, micro_batch_tokens: int) -> str:
-    smaller = f"a smaller trainer.micro_batch_tokens (now {micro_batch_tokens})"
-    if largest == "activations":
-        options = []
-        if memory.recompute != "full":
-            options.append("trainer.recompute: full")
-        options += [smaller, "more parallel.tp or parallel.cp (they split each micro batch)"]
-        return "try " + ", ".join(options[:-1]) + " or " + options[-1]
-    if largest == "head_loss":
-        return f"try {smaller} or more parallel.tp (it splits the vocab)"
-    lower = ""
-    if largest == "optimizer" and memory.bf16_weights and memory.optimizer_state == "float32":
-        lower = "trainer.optimizer_state: bfloat16 (AdamW's moments in 4 bytes, not 8), "
-    if memory.experts_per_rank > 0 and memory.expert_params:
-        return (
-            f"try {lower}more parallel.ep (each rank now holds {memory.experts_per_rank} experts "
-            "of every sparse layer; ep divides dp, so raise dp with it) or more parallel.pp"
-        )
-    if largest == "optimizer" and memory.bf16_weights:
-        return (
-            f"try {lower}more parallel.dp (the distributed optimizer shards its state over "
-            "dp x cp) or more parallel.tp or parallel.pp"
-        )
-    if largest == "optimizer":
-        return (
-            "try model.dtype: bfloat16 (bf16 weights and an optimizer state sharded over "
-            "dp x cp) or more parallel.tp or parallel.pp"
-        )
-    return "try more parallel.tp or parallel.pp (they split the weights and their gradients)"
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f}"

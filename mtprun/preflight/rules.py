@@ -405,7 +405,8 @@ def _trainer_fits_gpu_memory(r: Recipe) -> Iterator[Issue]:
         return  # no budget, broken terms, or a model shape not known here: nothing to check
     # The estimate's head-loss part compiles the plan, which imports torch: only recipes that
     # ask for this check pay for it (`mtprun validate` stays torch-free otherwise).
-    from mtprun.preflight.memory import GIB, over_budget_message, recipe_trainer_memory
+    from mtprun.preflight.memory import GIB, recipe_trainer_memory
+    from mtprun.preflight.memory_advice import over_budget_message
 
     memory = recipe_trainer_memory(r)
     if isinstance(memory, str) or memory.total <= gib * GIB:

@@ -21,10 +21,10 @@ from mtprun.preflight.memory import (
     estimate_trainer_memory,
     layer_params,
     moe_layer_params,
-    over_budget_message,
     parameters,
     recipe_trainer_memory,
 )
+from mtprun.preflight.memory_advice import over_budget_message
 from mtprun.spec.parallel import ParallelSection
 
 # Qwen3-30B-A3B's config.json (the fields the shape reads).

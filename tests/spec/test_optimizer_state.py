@@ -7,7 +7,8 @@ import pytest
 
 from mtprun.compiler import HeadPlan
 from mtprun.models.shape import ModelShape
-from mtprun.preflight.memory import GIB, estimate_trainer_memory, over_budget_message
+from mtprun.preflight.memory import GIB, estimate_trainer_memory
+from mtprun.preflight.memory_advice import over_budget_message
 from mtprun.spec.parallel import ParallelSection
 
 from .test_memory import PARAMS, SMALL, TOKENS

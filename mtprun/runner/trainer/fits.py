@@ -11,7 +11,8 @@ from contextlib import contextmanager
 import torch
 
 from mtprun.compiler import HeadPlan
-from mtprun.preflight.memory import GIB, over_budget_message, recipe_trainer_memory
+from mtprun.preflight.memory import GIB, recipe_trainer_memory
+from mtprun.preflight.memory_advice import over_budget_message
 from mtprun.spec import Recipe
 
 
