@@ -1,7 +1,8 @@
 """The bf16 trainer's float32 main gradients against a float32 trainer's gradients of the same
 step: the token embedding's (its rows added into main_grad, `embedding_grad`), the output
 layer's (added by the head loss's own GEMMs, `HeadInputs.weight_main_grad`) and the linear
-layers' (`apex_standins`), on a tied and an untied model, after steps of 2, 3 and 1 micro
+layers' (`apex_standins`), on a tied and an untied model and a MiMo whose MTP layer no term
+trains (frozen: DDP would otherwise wait for its gradient), after steps of 2, 3 and 1 micro
 batches of different shares: DDP's reduce overlaps the backward and starts when every
 gradient of the last micro batch has reached its hook, the earlier ones running under no_sync
 (megatron-core learns from the first step how many gradients a step hands each hook: without
@@ -41,6 +42,8 @@ def _last_step_grads(model_dir, dtype: str, steps: list[list]) -> dict[str, torc
         trainer.train_step(batches)  # the last step's gradients stay (the next would zero them)
     grads = {}
     for name, param in trainer.model.named_parameters():
+        if not param.requires_grad:  # a MiMo's MTP layer without an mtp term: frozen
+            continue
         grad = param.main_grad if trainer.mixed is not None else param.grad
         grads[name] = grad.detach().float().clone()
     del trainer
@@ -48,7 +51,7 @@ def _last_step_grads(model_dir, dtype: str, steps: list[list]) -> dict[str, torc
     return grads
 
 
-@pytest.mark.parametrize("folder", ["tiny_qwen3_dir", "tiny_tied_dir"])
+@pytest.mark.parametrize("folder", ["tiny_qwen3_dir", "tiny_tied_dir", "tiny_mimo_dir"])
 def test_bf16_main_grads_equal_float32_gradients(megatron_tp1, folder, request):
     model_dir = request.getfixturevalue(folder)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
