@@ -89,6 +89,11 @@ class HeadPlan:
         return next((t for t in self.terms if t.kind == kind), None)
 
     @property
+    def mtp_depth(self) -> int:
+        """How many MTP layers the mtp term trains (heads 1..D; 0 without the term)."""
+        return max(self.mtp_depths, default=0)
+
+    @property
     def sequence_ratio(self) -> bool:
         """A term needs a per-sequence reduction of the rows' log-probs before its gradient
         (GSPO): the engines then take every policy row's statistics before any gradient."""

@@ -324,7 +324,8 @@ def estimate_trainer_memory(
     expert_shards = max(shards // ep, 1) if bf16_weights else 1
     optimizer_state, state_bytes = _optimizer_state(optimizer, optimizer_state, bf16_weights)
     tokens = local_tokens(micro_batch_tokens, cp)
-    mtp_trained = None if plan is None else min(max(plan.mtp_depths, default=0), shape.mtp_layers)
+    # Without a plan every MTP layer counts as trained (PolicyModel.freeze_mtp_layers_beyond).
+    mtp_trained = shape.mtp_layers if plan is None else min(plan.mtp_depth, shape.mtp_layers)
     head = 0
     if plan is not None:
         head = estimate_head_cost(
@@ -484,7 +485,7 @@ def _activations(
     recompute: Recompute,
     tokens: int,
     stage: int,
-    mtp_trained: int | None = None,
+    mtp_trained: int,
 ) -> int:
     pp = parallel.pp
     sparse = [shape.is_moe_layer(i) for i in stage_layers(shape, pp, stage)]
@@ -493,7 +494,7 @@ def _activations(
         h = shape.hidden
         mtp_mode = "none" if recompute == "full" else recompute
         per_micro_batch += 2 * h * b  # the final norm's input and output (the head's input)
-        per_micro_batch += (shape.mtp_layers if mtp_trained is None else mtp_trained) * (
+        per_micro_batch += mtp_trained * (
             8 * h * b + _per_token_layer(shape, parallel, b, mtp_mode, shape.experts is not None)
         )
     total = tokens * (pp - stage) * per_micro_batch

@@ -142,7 +142,7 @@ class Trainer:
             ep=ep,
             moe=moe_options(recipe),
         )
-        self.model.freeze_mtp_layers_beyond(max(plan.mtp_depths, default=0))
+        self.model.freeze_mtp_layers_beyond(plan.mtp_depth)
         if recipe.model.lora is not None:  # base frozen, adapters train (trainer/lora.py)
             attach_lora(self.model, recipe.model.lora, *tp, seed=recipe.seed)
         distill = plan.term("distill")
@@ -539,7 +539,7 @@ def _trained_sequences(batch: PackedBatch) -> int:
 def _check_mtp_layers(shape: ModelShape, plan: HeadPlan, model_dir: Path) -> None:
     """Refuse mtp terms deeper than the MTP layers the trainer builds; say when the folder's
     config.json declares MTP layers whose tensors its weights lack (none is built then)."""
-    depth = max(plan.mtp_depths, default=0)
+    depth = plan.mtp_depth
     if shape.absent_mtp_layers:
         missing = ", ".join(shape.missing_mtp_tensors[:4])
         why = (
