@@ -504,6 +504,7 @@ def _memory_table(recipe: Recipe, memory: TrainerMemory | str) -> Table:
 def _gradients_text(recipe: Recipe, memory: TrainerMemory) -> str:
     """The gradients' precision and when the data-parallel x context-parallel ranks sum them
     (`MegatronMixedPrecision`: bf16 weights reduce-scatter during the backward)."""
+    from mtprun.models.pp_layout import PipelineStage, splits_tied_embedding
     from mtprun.preflight.model_shape import recipe_shape
 
     bf16 = memory.bf16_weights
@@ -515,7 +516,9 @@ def _gradients_text(recipe: Recipe, memory: TrainerMemory) -> str:
     if not bf16:
         return f"{text}; all-reduced over dp x cp = {ranks} ranks after the backward"
     shape = recipe_shape(recipe)
-    if memory.stages > 1 and not isinstance(shape, str) and shape.tie_embeddings:
+    assert not isinstance(shape, str)  # `memory` was estimated from it
+    # The test the trainer turns overlap_grad_reduce off by.
+    if splits_tied_embedding(shape, PipelineStage(0, memory.stages, shape.layers)):
         return (
             f"{text}; reduce-scattered over dp x cp = {ranks} ranks after the backward, not "
             "during it: the tied embedding's two stages sum their gradients first"
