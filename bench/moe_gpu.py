@@ -97,7 +97,10 @@ def model_folder(shape: MoEShape, max_seq: int, root: Path, device: str) -> Path
     return folder
 
 
-def run_mtprun(folder: Path, batch, args: argparse.Namespace, layout: dict) -> list[float]:
+def run_mtprun(
+    folder: Path, batch, args: argparse.Namespace, layout: dict
+) -> tuple[list[float], dict]:
+    """The timed steps' seconds, and under ep > 1 the expert load of the last step."""
     from mtprun.runner.trainer import experts
     from mtprun.runner.trainer.trainer import Trainer
 
@@ -105,6 +108,7 @@ def run_mtprun(folder: Path, batch, args: argparse.Namespace, layout: dict) -> l
         from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
         experts.RankDedupDispatcher = MoEAlltoAllTokenDispatcher
+    rows_computed = _record_expert_rows() if args.dispatcher == "dedup" else None
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     trainer_section = {
@@ -116,9 +120,44 @@ def run_mtprun(folder: Path, batch, args: argparse.Namespace, layout: dict) -> l
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
     times, _ = time_steps(lambda: trainer.train_step([batch])["loss"], args.warmup, args.steps,
                           args.device)  # fmt: skip
+    extra = {}
+    if rows_computed is not None and layout.get("ep", 1) > 1:
+        per_step = len(rows_computed) // (args.warmup + args.steps)
+        extra["expert_load"] = _expert_load(rows_computed[-per_step:])
     if args.profile:
         print(json.dumps(profile_one_step(lambda: trainer.train_step([batch]), args.top)))
-    return times
+    return times, extra
+
+
+def _record_expert_rows() -> list[int]:
+    """Each MoE layer forward's (row, expert) pairs this rank computes, in call order: the
+    dispatcher's count exchange wrapped (a bench-only probe of the routing's balance)."""
+    from mtprun.runner.trainer.token_dispatch import RankDedupDispatcher
+
+    pairs: list[int] = []
+    exchange = RankDedupDispatcher._exchange_counts
+
+    def recording(self, sent: torch.Tensor, experts: torch.Tensor) -> None:
+        exchange(self, sent, experts)
+        pairs.append(self.pairs)
+
+    RankDedupDispatcher._exchange_counts = recording
+    return pairs
+
+
+def _expert_load(pairs: list[int]) -> dict:
+    """Per layer of the last step, the busiest expert-parallel rank's pairs over the mean: a
+    rank above 1 makes the others wait at that layer's combine."""
+    import torch.distributed as dist
+
+    every: list[list[int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, pairs)
+    by_layer = list(zip(*every, strict=True))
+    ratios = [max(layer) / statistics.mean(layer) for layer in by_layer]
+    return {
+        "max_over_mean_by_layer": [round(r, 3) for r in ratios],
+        "pairs_by_layer_by_rank": [list(layer) for layer in by_layer],
+    }
 
 
 def profile_one_step(step, top: int) -> dict:
@@ -153,7 +192,7 @@ def profile_one_step(step, top: int) -> dict:
     }
 
 
-def run_hf(folder: Path, batch, args: argparse.Namespace) -> list[float]:
+def run_hf(folder: Path, batch, args: argparse.Namespace) -> tuple[list[float], dict]:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -177,7 +216,7 @@ def run_hf(folder: Path, batch, args: argparse.Namespace) -> list[float]:
         return loss.detach()
 
     times, _ = time_steps(step, args.warmup, args.steps, args.device)
-    return times
+    return times, {}
 
 
 def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> dict:
@@ -190,7 +229,7 @@ def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> 
         row["optimizer_state"] = args.optimizer_state
         row["dispatcher"] = args.dispatcher
     try:
-        times = (
+        times, extra = (
             run_mtprun(folder, batch, args, layout)
             if trainer == "mtprun"
             else run_hf(folder, batch, args)
@@ -210,6 +249,7 @@ def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> 
         "mfu_active": round(mfu, 4),
         "peak_gib": _peak_gib(args.device),
         "times_s": [round(t, 4) for t in times],
+        **extra,
     }
 
 
