@@ -147,6 +147,24 @@ def test_stochastic_rounding_keeps_the_second_moment_unbiased() -> None:
     assert float((nearest.double() / want).mean()) < 0.85
 
 
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.83])
+def test_a_moment_rounds_up_as_often_as_it_is_far_from_its_lower_neighbour(fraction) -> None:
+    # beta1 = 0 stores the gradient itself as the first moment. Every positive bf16 value
+    # from 2^-31 to 2^31 (7936), each `fraction` of the way to the next: the hash of seed and
+    # value must round about that share of them up, whatever their high bits (binomial sd
+    # <= 0.0057).
+    bits = torch.arange(0x3000, 0x4F00, dtype=torch.int16)
+    low = bits.view(torch.bfloat16).float()
+    high = (bits + 1).view(torch.bfloat16).float()
+    grad = (low + fraction * (high - low)).to(DEVICE)
+    m, v = (torch.zeros_like(grad, dtype=torch.bfloat16) for _ in range(2))
+    hyper = {"lr": 0.0, "beta1": 0.0, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.0}
+    adamw_step_(torch.zeros_like(grad), grad, m, v, **hyper, step=1, seed=11)
+    up = (m.float().cpu() > low).double().mean()
+    assert float(up) == pytest.approx(fraction, abs=0.025)
+    assert bool(((m.float().cpu() == low) | (m.float().cpu() == high)).all())
+
+
 def test_equal_tensors_stay_equal_wherever_they_sit() -> None:
     # Replicas (tp-replicated norms, a tied embedding's copy on another stage) sit at other
     # offsets of other shards: the rounding depends on the values, not the position.
