@@ -154,7 +154,7 @@ def adamw_step_(
     numel = param.numel()
     if numel == 0:
         return
-    # Two 31-bit seeds, one a moment (Philox takes them as unsigned 64-bit).
+    # Two 31-bit seeds, one a moment (each is xor-ed into the 32 bits the hash mixes).
     seed_m, seed_v = ((seed * 2 + k) & 0x7FFFFFFF for k in (0, 1))
     adamw_kernel[(triton.cdiv(numel, _BLOCK),)](
         param,
