@@ -19,6 +19,10 @@ per layer; Q = heads x head_dim (4096), s the sequence length.
     python bench/moe_gpu.py                                   # (b): 4 layers, one H100
     python bench/moe_gpu.py --layers 8 --ep 2 --trainers mtprun   # (c): two GPUs
     python bench/moe_gpu.py --cpu-dry-run                     # tiny sizes on CPU
+
+A random-init router loads the ep ranks unevenly (run 93: the busiest rank 1.02-1.25x the mean
+by layer), and the others wait for it; `--balanced-routing` routes mtprun's rows on random
+logits instead, as megatron-core's own MoE benchmarks do, to measure the exchange without it.
 """
 
 from __future__ import annotations
@@ -118,6 +122,8 @@ def run_mtprun(
     }
     recipe = smoke_recipe(folder, dtype, [{"kind": "ce"}], False, trainer_section, layout)
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
+    if args.balanced_routing:
+        _route_at_random(trainer.model)
     times, _ = time_steps(lambda: trainer.train_step([batch])["loss"], args.warmup, args.steps,
                           args.device)  # fmt: skip
     extra = {}
@@ -127,6 +133,17 @@ def run_mtprun(
     if args.profile:
         print(json.dumps(profile_one_step(lambda: trainer.train_step([batch]), args.top)))
     return times, extra
+
+
+def _route_at_random(model: torch.nn.Module) -> None:
+    """megatron-core's benchmark routing (`moe_router_force_load_balancing`): every router's
+    logits replaced by random normal ones (a seed per expert-parallel rank), so each expert
+    gets about T k / E of the pairs whatever the router's weights."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    for router in routers:
+        router.config.moe_router_force_load_balancing = True
 
 
 def _record_expert_rows() -> list[int]:
@@ -228,6 +245,7 @@ def measure(trainer: str, folder: Path, shape: MoEShape, args, layout: dict) -> 
     if trainer == "mtprun":
         row["optimizer_state"] = args.optimizer_state
         row["dispatcher"] = args.dispatcher
+        row["routing"] = "random logits" if args.balanced_routing else "router"
     try:
         times, extra = (
             run_mtprun(folder, batch, args, layout)
@@ -293,6 +311,11 @@ def main() -> None:
         "--dispatchers", default="dedup",
         help="mtprun's token exchange, comma-separated for side-by-side rows: dedup (mtprun's "
         "RankDedupDispatcher), megatron (megatron-core's all-to-all dispatcher)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--balanced-routing", action="store_true",
+        help="mtprun rows route on random logits (megatron-core's moe_router_force_load_"
+        "balancing), taking the random-init router's uneven expert load out of ep's waits",
     )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
