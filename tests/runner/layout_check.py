@@ -19,7 +19,8 @@ from .gloo_pool import gloo_pool
 ADAMW = {"optimizer": "adamw", "lr": 1e-3}
 
 
-def _batches(vocab: int) -> list:
+def layout_batches(vocab: int) -> list:
+    """The two micro batches of `two_adamw_steps`: data-parallel replica r trains batch r."""
     return [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
 
 
@@ -30,7 +31,7 @@ def two_adamw_steps(model_dir: Path, layout: dict[str, int], batch_ids=(0, 1)):
     a third step would check nothing more."""
     recipe = make_recipe(model_dir, parallel=layout, trainer=ADAMW)
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
-    batches = [_batches(trainer.shape.vocab)[i] for i in batch_ids]
+    batches = [layout_batches(trainer.shape.vocab)[i] for i in batch_ids]
     metrics = [trainer.train_step(batches) for _ in range(2)]
     return metrics, trainer.hf_state_dict()
 
@@ -49,12 +50,13 @@ def _layout_job(rank: int, layout: dict[str, int], model_dir: Path):
 
 def check_trains_like_one_process(
     model_dir: Path, layout: dict[str, int], one_process: dict[Any, Any]
-) -> None:
+) -> list[dict[str, Any]]:
     """Loss and grad norm of 2 AdamW steps within 1e-4 of one process, and the gathered
     weights equal (a misplaced expert or stage would differ by whole weights; Adam's division
     by tiny second moments leaves ~1e-5 between reduction orders). `one_process`: the module's
     cache of one-process runs by model folder, filled here (this process must be initialised
-    as one process: the `megatron_tp1` fixture)."""
+    as one process: the `megatron_tp1` fixture). Returns the layout's last rank's metrics of
+    each step."""
     two, two_weights = gloo_pool().run(layout, _layout_job, model_dir)[-1]
     if model_dir not in one_process:
         one_process[model_dir] = two_adamw_steps(model_dir, {})
@@ -65,3 +67,4 @@ def check_trains_like_one_process(
     assert two_weights.keys() == one_weights.keys()
     for name, tensor in one_weights.items():
         torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
+    return two

@@ -16,7 +16,7 @@ from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
-from .layout_check import ADAMW, check_trains_like_one_process
+from .layout_check import ADAMW, check_trains_like_one_process, layout_batches
 from .qwen3_folders import assert_logits_equal_transformers, build_qwen3_moe_folder
 
 
@@ -108,13 +108,24 @@ def test_layouts_train_like_one_process(one_process, moe_dir, layout):
     """dp=2 with ep=2 (each rank two of the four experts and its own micro batch), pp=2 (a
     dense and a sparse stage) and tp=2 with dp=2 and ep=2 on four processes (attention split,
     each tp rank routing half of the tokens to whole experts)."""
-    check_trains_like_one_process(moe_dir, layout, one_process)
+    metrics = check_trains_like_one_process(moe_dir, layout, one_process)
+    if "ep" not in layout:
+        assert "moe/ep_load_max_over_mean" not in metrics[0]
+    elif "tp" not in layout:  # (tp's routers also count the rows padding the token split)
+        # The first step routes with the loaded weights: both replicas' batches, ranks
+        # holding experts {0, 1} and {2, 3}.
+        vocab = ModelShape.from_model_dir(moe_dir).vocab
+        counts = sum(_router_reference(moe_dir, b, top_k=2)[3] for b in layout_batches(vocab))
+        per_rank = counts.view(2, 2).sum(1)
+        busiest = (per_rank.max() / per_rank.mean()).item()
+        assert metrics[0]["moe/ep_load_max_over_mean"] == pytest.approx(busiest, rel=1e-6)
 
 
 def _router_reference(model_dir, batch, top_k):
     """Float64 transformers: the sparse layer's router input (captured by a hook), its
     router weight, and the aux loss E / (k T^2) sum_e n_e S_e and busiest-over-mean load of
-    the batch's routing, with the aux loss's gradient to the router weight."""
+    the batch's routing, with the aux loss's gradient to the router weight and the tokens
+    each expert got."""
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float64, experts_implementation="eager"
     ).eval()
@@ -132,7 +143,7 @@ def _router_reference(model_dir, batch, top_k):
     counts = chosen.sum(0)
     aux = experts / (top_k * tokens**2) * (counts * scores.sum(0)).sum()
     (grad,) = torch.autograd.grad(aux, weight)
-    return aux.item(), (counts.max() / counts.mean()).item(), grad
+    return aux.item(), (counts.max() / counts.mean()).item(), grad, counts
 
 
 @pytest.mark.parametrize("coef", [0.0, 0.5])
@@ -147,9 +158,10 @@ def test_router_metrics_and_aux_loss_gradient_equal_float64(megatron_tp1, moe_di
     batch.loss_mask[:] = True  # the router sees every token; the head's mask does not matter
     router = trainer.model.decoder.layers[1].mlp.router.weight
     metrics = trainer.train_step([batch])
-    aux, load, grad = _router_reference(moe_dir, batch, top_k=2)
+    aux, load, grad, _ = _router_reference(moe_dir, batch, top_k=2)
     assert metrics["moe/aux_loss"] == pytest.approx(aux, rel=1e-5)
     assert metrics["moe/load_max_over_mean"] == pytest.approx(load, rel=1e-6)
+    assert "moe/ep_load_max_over_mean" not in metrics  # one process: no ranks to wait
     if coef:
         plain = make_recipe(moe_dir, trainer={**ADAMW, "grad_clip": None})
         without = Trainer(plain, moe_dir, compile_recipe(plain), "cpu")

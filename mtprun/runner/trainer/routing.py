@@ -9,7 +9,12 @@ its logits (the router's `gating`) and its routing map [T, E]. Per step it repor
 - `moe/aux_loss`: the load-balancing loss E / (k T^2) sum_e n_e S_e (n_e tokens sent to
   expert e, S_e its summed router scores, T tokens, k chosen per token; 1 when even), the
   token-weighted mean over micro batches, averaged over layers and data-parallel ranks. It is
-  measured whether or not the recipe trains it (`router_aux`).
+  measured whether or not the recipe trains it (`router_aux`);
+- under expert parallelism, `moe/ep_load_max_over_mean`: per layer, the busiest
+  expert-parallel rank's (token, expert) pairs over the mean rank's (its experts' counts
+  summed as above), averaged over the layers: each layer's other ranks wait for the busiest
+  at its combine, so 1.1 means the experts' part of the step runs ~10% longer than an even
+  routing's (summed over the step's micro batches, whose own imbalances can be larger).
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from megatron.core.transformer.moe.router import TopKRouter
 class RouterStats:
     """Routing metrics of one pipeline stage's MoE layers (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, ep_size: int = 1) -> None:
+        """`ep_size`: the expert-parallel ranks, each holding a contiguous 1/ep_size of every
+        layer's experts (rank-major, as megatron-core places them)."""
         self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+        self.ep_size = ep_size
         # The recipe's coefficients (router_aux, router_z), before any micro batch's weight.
         self._coefs = [
             (r.config.moe_aux_loss_coeff, r.config.moe_z_loss_coeff) for r in self.routers
@@ -97,11 +105,21 @@ class RouterStats:
             dist.all_reduce(summed, group=dp_group)
             summed[counts.numel() :] /= dist.get_world_size(dp_group)
         counts = summed[: counts.numel()].view_as(counts)
-        load = counts.max(-1).values / counts.mean(-1).clamp_min(1e-12)
+        load = _busiest_over_mean(counts)
         self._counts = [0.0] * len(self.routers)
         self._aux = [0.0] * len(self.routers)
         self._tokens = 0
-        return {
+        metrics = {
             "moe/load_max_over_mean": load.max(),
             "moe/aux_loss": summed[counts.numel() :].mean(),
         }
+        if self.ep_size > 1:
+            metrics["moe/ep_load_max_over_mean"] = _busiest_over_mean(
+                counts.view(len(seen), self.ep_size, -1).sum(-1)
+            ).mean()
+        return metrics
+
+
+def _busiest_over_mean(loads: torch.Tensor) -> torch.Tensor:
+    """[..., N] loads -> [...] the largest over the mean (1 = even)."""
+    return loads.max(-1).values / loads.mean(-1).clamp_min(1e-12)

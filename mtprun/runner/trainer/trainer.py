@@ -88,7 +88,7 @@ class Trainer:
             self.shape.layers,
         )
         self._load_model(recipe, Path(model_dir), plan)
-        self.routing = RouterStats(self.model) if self.shape.experts else None
+        self.routing = RouterStats(self.model, self.ep_size) if self.shape.experts else None
         if recipe.trainer.router_replay and not self.shape.experts:
             raise ValueError(
                 "trainer.router_replay replays the routing of a mixture-of-experts model, and "
