@@ -104,7 +104,7 @@ def model_folder(shape: MoEShape, max_seq: int, root: Path, device: str) -> Path
 def run_mtprun(
     folder: Path, batch, args: argparse.Namespace, layout: dict
 ) -> tuple[list[float], dict]:
-    """The timed steps' seconds, and under ep > 1 the expert load of the last step."""
+    """The timed steps' seconds, and under ep > 1 the last step's expert-parallel load."""
     from mtprun.runner.trainer import experts
     from mtprun.runner.trainer.trainer import Trainer
 
@@ -112,7 +112,6 @@ def run_mtprun(
         from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
         experts.RankDedupDispatcher = MoEAlltoAllTokenDispatcher
-    rows_computed = _record_expert_rows() if args.dispatcher == "dedup" else None
 
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     trainer_section = {
@@ -124,12 +123,15 @@ def run_mtprun(
     trainer = Trainer(recipe, folder, compile_recipe(recipe), args.device)
     if args.balanced_routing:
         _route_at_random(trainer.model)
-    times, _ = time_steps(lambda: trainer.train_step([batch])["loss"], args.warmup, args.steps,
-                          args.device)  # fmt: skip
-    extra = {}
-    if rows_computed is not None and layout.get("ep", 1) > 1:
-        per_step = len(rows_computed) // (args.warmup + args.steps)
-        extra["expert_load"] = _expert_load(rows_computed[-per_step:])
+    last: dict = {}
+
+    def step() -> torch.Tensor:
+        last.update(trainer.train_step([batch]))
+        return last["loss"]
+
+    times, _ = time_steps(step, args.warmup, args.steps, args.device)
+    # The trainer's own measure of what the ep ranks wait for (routing.py), last step.
+    extra = {k: round(v, 4) for k, v in last.items() if k == "moe/ep_load_max_over_mean"}
     if args.profile:
         print(json.dumps(profile_one_step(lambda: trainer.train_step([batch]), args.top)))
     return times, extra
@@ -144,37 +146,6 @@ def _route_at_random(model: torch.nn.Module) -> None:
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     for router in routers:
         router.config.moe_router_force_load_balancing = True
-
-
-def _record_expert_rows() -> list[int]:
-    """Each MoE layer forward's (row, expert) pairs this rank computes, in call order: the
-    dispatcher's count exchange wrapped (a bench-only probe of the routing's balance)."""
-    from mtprun.runner.trainer.token_dispatch import RankDedupDispatcher
-
-    pairs: list[int] = []
-    exchange = RankDedupDispatcher._exchange_counts
-
-    def recording(self, sent: torch.Tensor, experts: torch.Tensor) -> None:
-        exchange(self, sent, experts)
-        pairs.append(self.pairs)
-
-    RankDedupDispatcher._exchange_counts = recording
-    return pairs
-
-
-def _expert_load(pairs: list[int]) -> dict:
-    """Per layer of the last step, the busiest expert-parallel rank's pairs over the mean: a
-    rank above 1 makes the others wait at that layer's combine."""
-    import torch.distributed as dist
-
-    every: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, pairs)
-    by_layer = list(zip(*every, strict=True))
-    ratios = [max(layer) / statistics.mean(layer) for layer in by_layer]
-    return {
-        "max_over_mean_by_layer": [round(r, 3) for r in ratios],
-        "pairs_by_layer_by_rank": [list(layer) for layer in by_layer],
-    }
 
 
 def profile_one_step(step, top: int) -> dict:
