@@ -175,6 +175,22 @@ def test_checkpoint_restores_the_exact_continuation(megatron_tp1, tiny_qwen2_dir
     assert second.train_step(batches) == continued
 
 
+def test_a_checkpoint_of_other_trained_parameters_is_refused_in_the_recipes_terms(
+    megatron_tp1, tiny_mimo_dir
+):
+    # With an mtp term the MTP layer trains; without one it is frozen: the optimizer's
+    # parameter groups differ, which torch alone reports without saying why.
+    adamw = {"optimizer": "adamw", "lr": 1e-3}
+    with_mtp = make_recipe(tiny_mimo_dir, losses=[{"kind": "ce"}, {"kind": "mtp"}], trainer=adamw)
+    first = Trainer(with_mtp, tiny_mimo_dir, compile_recipe(with_mtp), "cpu")
+    first.train_step(_batches(first.shape.vocab, seed=5))
+    state = copy.deepcopy(first.state_dict())
+    plain = make_recipe(tiny_mimo_dir, trainer=adamw)
+    second = Trainer(plain, tiny_mimo_dir, compile_recipe(plain), "cpu")
+    with pytest.raises(ValueError, match=r"'policy' optimizer holds state for other.*mtp"):
+        second.load_state_dict(state)
+
+
 def test_mtp_draft_loss_never_reaches_the_trunk(megatron_tp1, tiny_mimo_dir):
     updates = {}
     for name, losses in {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -81,6 +82,23 @@ def build_optimizer(trainer: TrainerSection, named_params: NamedParams) -> torch
     if trainer.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=trainer.lr)
     return torch.optim.SGD(groups, lr=trainer.lr)
+
+
+def load_optimizer_state(name: str, optimizer: Any, state: dict[str, Any]) -> None:
+    """`optimizer.load_state_dict(state)`, where torch's refusal of a state saved for other
+    parameters says what in the recipe may have changed."""
+    try:
+        optimizer.load_state_dict(state)
+    except ValueError as err:
+        if "parameter group" not in str(err):
+            raise
+        raise ValueError(
+            f"the checkpoint's {name!r} optimizer holds state for other trainable parameters "
+            f"than this recipe trains ({err}): were the model, model.lora or the mtp terms "
+            "changed? (an MTP layer that no mtp term trains is frozen; checkpoints written "
+            "before mtprun froze them hold its state). Resume with the recipe that wrote the "
+            "checkpoint, or start a new run from its exported weights"
+        ) from err
 
 
 def lr_factor(trainer: TrainerSection, step: int) -> float:

@@ -47,7 +47,7 @@ from mtprun.runner.trainer.model import (
     load_policy_model,
     sum_partial_grads,
 )
-from mtprun.runner.trainer.optim import NormScope, build_groups
+from mtprun.runner.trainer.optim import NormScope, build_groups, load_optimizer_state
 from mtprun.runner.trainer.parallel import ensure_parallel
 from mtprun.runner.trainer.pipeline import run_micro_batches
 from mtprun.runner.trainer.replay import ReplayRouting, routed_experts_of
@@ -349,7 +349,7 @@ class Trainer:
                     "changed?"
                 )
         for name, (optimizer, scheduler) in optimizers.items():
-            optimizer.load_state_dict(state["optimizers"][name])
+            load_optimizer_state(name, optimizer, state["optimizers"][name])
             if scheduler is not None:
                 scheduler.load_state_dict(state["schedulers"][name])
         self.step = int(state["step"])
