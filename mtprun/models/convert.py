@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from mtprun.models import ep_layout, tp_layout
+from mtprun.models import ep_layout, moe, tp_layout
 from mtprun.models.families import family_of
 from mtprun.models.shape import ModelShape
 
@@ -61,18 +61,22 @@ def hf_to_megatron(
     ep_size: int = 1,
 ) -> dict[str, torch.Tensor]:
     """HF-named tensors -> Megatron-named tensors of tensor-parallel rank `tp_rank` out of
-    `tp_size` and expert-parallel rank `ep_rank` out of `ep_size`.
+    `tp_size` and expert-parallel rank `ep_rank` out of `ep_size` (whose routed experts alone
+    are read: `hf` may be a lazily loading mapping, such as safetensors' memory-mapped files).
 
     Every checkpoint tensor must be used: a leftover means the config and the weights disagree
-    (a tied lm_head.weight that some checkpoints store anyway is the one exception).
+    (a tied lm_head.weight that some checkpoints store anyway is the one exception, and the
+    routed experts another expert-parallel rank holds).
     """
     shape.check_tp(tp_size)
     shape.check_ep(ep_size)
+    held = ep_layout.held_experts(shape.experts.count if shape.experts else 0, ep_rank, ep_size)
     tracked = _Tracked(hf, source)
     full: dict[str, torch.Tensor] = {}
     for converter in _converters(shape):
-        full.update(converter.to_megatron(tracked, shape))
+        full.update(converter.to_megatron(tracked, shape, held))
     leftover = set(hf) - tracked.used - ({"lm_head.weight"} if shape.tie_embeddings else set())
+    leftover = {name for name in leftover if not _held_elsewhere(name, shape, held)}
     unconverted = family_of(shape.architecture).unconverted
     if unconverted is not None:
         leftover = {name for name in leftover if not unconverted(name, shape.layers)}
@@ -83,8 +87,16 @@ def hf_to_megatron(
             f"{experts} and {shape.mtp_layers} MTP layers (as config.json says) does not use: "
             f"{sorted(leftover)[:5]}; config.json and the weights disagree"
         )
-    return ep_layout.shard_state_dict(
-        tp_layout.shard_state_dict(full, tp_rank, tp_size), ep_rank, ep_size
+    return tp_layout.shard_state_dict(full, tp_rank, tp_size)
+
+
+def _held_elsewhere(name: str, shape: ModelShape, held: range) -> bool:
+    """Whether `name` is a routed expert's tensor that another expert-parallel rank converts."""
+    expert = moe.expert_of(name)
+    return (
+        expert is not None
+        and shape.experts is not None
+        and (0 <= expert < shape.experts.count and expert not in held)
     )
 
 

@@ -131,8 +131,9 @@ def _outside_layers(shape: ModelShape) -> dict[str, str]:
     return names
 
 
-def to_megatron(hf: Tensors, shape: ModelShape) -> dict:
-    """Embedding, decoder layers, final norm and (untied) output layer."""
+def to_megatron(hf: Tensors, shape: ModelShape, experts: range) -> dict:
+    """Embedding, decoder layers, final norm and (untied) output layer (`experts`, the routed
+    experts a rank holds, are `mtprun.models.moe`'s)."""
     out = {m: hf[h] for h, m in _outside_layers(shape).items()}
     for i in range(shape.layers):
         hf_layer, mg_layer = f"model.layers.{i}.", f"decoder.layers.{i}."

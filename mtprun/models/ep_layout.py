@@ -20,19 +20,17 @@ def is_expert(name: str) -> bool:
     return name.endswith(_EXPERTS)
 
 
-def shard_state_dict(full: Mapping[str, torch.Tensor], rank: int, ep: int) -> dict:
-    """This rank's experts of every routed-experts tensor; the rest unchanged."""
-    return {
-        name: t.chunk(ep)[rank].contiguous() if ep > 1 and is_expert(name) else t
-        for name, t in full.items()
-    }
+def held_experts(count: int, rank: int, ep: int) -> range:
+    """The experts of `count` (a sparse layer's) that expert-parallel rank `rank` of `ep` holds."""
+    per_rank = count // ep
+    return range(rank * per_rank, (rank + 1) * per_rank)
 
 
 def gather_state_dict(
     local: Mapping[str, torch.Tensor], ep: int, group: torch.distributed.ProcessGroup | None
 ) -> dict:
     """Every expert of each routed-experts tensor, all-gathered over `group` in rank order;
-    the rest unchanged (inverse of `shard_state_dict`)."""
+    the rest unchanged (inverse of converting rank by rank, `held_experts`)."""
     full = dict(local)
     for name, t in local.items():
         if ep > 1 and is_expert(name):

@@ -6,12 +6,16 @@ Megatron side of a sparse layer i, under `decoder.layers.{i}.mlp.`:
 - `experts.weight1` [E, 2 F, H]: expert e's [gate; up] rows, `experts.weight2` [E, H, F]: its
   down projection (`mtprun.runner.trainer.experts.GroupedExperts`; HF
   `mlp.experts.{e}.{gate,up,down}_proj.weight`). Expert parallelism splits both along E
-  (`mtprun.models.ep_layout`);
+  (`mtprun.models.ep_layout`): a rank converts the experts it holds and reads no other's
+  weights (an expert-parallel rank of Qwen3-30B-A3B would otherwise stack all 128 experts of
+  every layer, ep times the host memory and copies it keeps);
 - a shared expert (GLM-4.5) as a dense MLP under `shared_experts.` (HF `mlp.shared_experts.`).
 Dense layers (`ExpertShape.dense_layers`) are `mtprun.models.decoder`'s.
 """
 
 from __future__ import annotations
+
+import re
 
 import torch
 
@@ -19,22 +23,29 @@ from mtprun.models import decoder
 from mtprun.models.shape import ModelShape
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+_EXPERT = re.compile(r"\.mlp\.experts\.(\d+)\.")
+
+
+def expert_of(name: str) -> int | None:
+    """The routed expert an HF tensor `name` belongs to (None: not a routed expert's)."""
+    found = _EXPERT.search(name)
+    return int(found.group(1)) if found else None
 
 
 def _sparse_layers(shape: ModelShape) -> list[int]:
     return [i for i in range(shape.layers) if shape.is_moe_layer(i)]
 
 
-def moe_to_megatron(hf: decoder.Tensors, hf_prefix: str, mg_prefix: str, shape: ModelShape) -> dict:
-    """One sparse MLP: HF tensors under `hf_prefix` (`...mlp.`) -> Megatron's under `mg_prefix`."""
+def moe_to_megatron(
+    hf: decoder.Tensors, hf_prefix: str, mg_prefix: str, shape: ModelShape, held: range
+) -> dict:
+    """One sparse MLP: HF tensors under `hf_prefix` (`...mlp.`) -> Megatron's under `mg_prefix`,
+    the routed experts `held` only (the router and a shared expert whole)."""
     experts = shape.experts
     out = {mg_prefix + "router.weight": hf[hf_prefix + "gate.weight"]}
     if experts.score_bias:
         out[mg_prefix + "router.expert_bias"] = hf[hf_prefix + "gate.e_score_correction_bias"]
-    weights = [
-        [hf[f"{hf_prefix}experts.{e}.{p}.weight"] for p in _PROJECTIONS]
-        for e in range(experts.count)
-    ]
+    weights = [[hf[f"{hf_prefix}experts.{e}.{p}.weight"] for p in _PROJECTIONS] for e in held]
     out[mg_prefix + "experts.weight1"] = torch.stack([torch.cat([g, u]) for g, u, _ in weights])
     out[mg_prefix + "experts.weight2"] = torch.stack([d for _, _, d in weights])
     if experts.shared_intermediate:
@@ -64,11 +75,13 @@ def moe_to_hf(mg: decoder.Tensors, mg_prefix: str, hf_prefix: str, shape: ModelS
     return out
 
 
-def to_megatron(hf: decoder.Tensors, shape: ModelShape) -> dict:
-    """The sparse layers' MLPs (the rest of the trunk is `decoder.to_megatron`'s)."""
+def to_megatron(hf: decoder.Tensors, shape: ModelShape, experts: range) -> dict:
+    """The sparse layers' MLPs with the routed `experts` a rank holds (the rest of the trunk is
+    `decoder.to_megatron`'s)."""
     out = {}
     for i in _sparse_layers(shape):
-        out.update(moe_to_megatron(hf, f"model.layers.{i}.mlp.", f"decoder.layers.{i}.mlp.", shape))
+        hf_prefix, mg_prefix = f"model.layers.{i}.mlp.", f"decoder.layers.{i}.mlp."
+        out.update(moe_to_megatron(hf, hf_prefix, mg_prefix, shape, experts))
     return out
 
 

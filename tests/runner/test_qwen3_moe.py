@@ -181,6 +181,40 @@ def test_a_config_that_contradicts_the_weights_names_both(moe_dir):
         hf_to_megatron(fewer, shape)
 
 
+
+class _ReadLog(dict):
+    """The checkpoint's tensors, recording every name conversion reads."""
+
+    def __init__(self, tensors):
+        super().__init__(tensors)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name):
+        self.read.add(name)
+        return super().__getitem__(name)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_expert_parallel_rank_reads_only_its_own_experts(moe_dir, rank):
+    shape = ModelShape.from_model_dir(moe_dir)
+    hf = _ReadLog(load_file(moe_dir / "model.safetensors"))
+    hf_to_megatron(hf, shape, ep_rank=rank, ep_size=2)
+    read = {int(n.split(".experts.")[1].split(".")[0]) for n in hf.read if ".experts." in n}
+    assert read == {2 * rank, 2 * rank + 1}
+    assert {n for n in hf if ".experts." not in n} <= hf.read  # the rest is read whole
+
+    # A missing expert fails on the rank that holds it, and only there; a tensor of an expert
+    # past the config's count fails on every rank.
+    fewer = {n: t for n, t in hf.items() if ".experts.3." not in n}
+    if rank == 0:
+        hf_to_megatron(fewer, shape, ep_rank=rank, ep_size=2)
+    else:
+        with pytest.raises(KeyError, match=r"experts\.3\."):
+            hf_to_megatron(fewer, shape, ep_rank=rank, ep_size=2)
+    extra = {**hf, "model.layers.1.mlp.experts.4.up_proj.weight": hf[next(iter(hf))]}
+    with pytest.raises(ValueError, match=r"experts\.4\.up_proj"):
+        hf_to_megatron(extra, shape, ep_rank=rank, ep_size=2)
+
 def test_moe_layers_run_after_a_vllm_engine_replaced_torch_streams(megatron_tp1, moe_dir):
     """vLLM's CPU worker replaces torch.cuda.Stream at import (an engine earlier in the same
     process, as in this suite); the trainer's CPU shims, applied again by every init_parallel,

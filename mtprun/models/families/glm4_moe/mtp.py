@@ -30,15 +30,16 @@ def _prefixes(shape: ModelShape, i: int) -> tuple[str, str]:
     return f"model.layers.{shape.layers + i}.", f"mtp_layers.{i}."
 
 
-def to_megatron(hf: decoder.Tensors, shape: ModelShape) -> dict:
-    """The MTP layers' tensors (the trunk's are `decoder` and `moe`'s)."""
+def to_megatron(hf: decoder.Tensors, shape: ModelShape, experts: range) -> dict:
+    """The MTP layers' tensors (the trunk's are `decoder` and `moe`'s), of the routed
+    `experts` a rank holds."""
     out = {}
     for i in range(shape.mtp_layers):
         hf_prefix, mg_prefix = _prefixes(shape, i)
         out.update({mg_prefix + m: hf[hf_prefix + h] for h, m in _MTP_RENAMES.items()})
         layer = mg_prefix + "decoder_layer."
         out.update(decoder.layer_to_megatron(hf, hf_prefix, layer, shape, dense_mlp=False))
-        out.update(moe.moe_to_megatron(hf, hf_prefix + "mlp.", layer + "mlp.", shape))
+        out.update(moe.moe_to_megatron(hf, hf_prefix + "mlp.", layer + "mlp.", shape, experts))
     return out
 
 

@@ -20,8 +20,9 @@ _MTP_RENAMES = (
 )
 
 
-def to_megatron(hf: decoder.Tensors, shape: ModelShape) -> dict:
-    """The MTP layers' tensors (the trunk's are `decoder.to_megatron`'s)."""
+def to_megatron(hf: decoder.Tensors, shape: ModelShape, experts: range) -> dict:
+    """The MTP layers' tensors (the trunk's are `decoder.to_megatron`'s; MiMo has no routed
+    `experts`)."""
     out = {}
     for i in range(shape.mtp_layers):
         hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."

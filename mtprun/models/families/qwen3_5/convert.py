@@ -224,8 +224,9 @@ def _outside_layers(shape: ModelShape) -> dict[str, str]:
     return names
 
 
-def to_megatron(hf: Tensors, shape: ModelShape) -> dict:
-    """Embedding, decoder layers of both kinds, final norm and (untied) output layer."""
+def to_megatron(hf: Tensors, shape: ModelShape, experts: range) -> dict:
+    """Embedding, decoder layers of both kinds, final norm and (untied) output layer (dense
+    MLPs: no routed `experts`)."""
     out = {m: hf[h] for h, m in _outside_layers(shape).items()}
     prefix = text_prefix(shape)
     for i in range(shape.layers):
