@@ -66,7 +66,8 @@ def _exchange_text(layout: dict) -> str:
         f"all-to-all over the {ep} expert-parallel ranks: each token sent once to each rank "
         f"that holds any of its {k} experts ({layout['sent_copies_per_token']:g} copies a token "
         f"under uniform routing, where one per expert would be {k}), then copied to its "
-        "experts there"
+        "experts there; not overlapped with compute: each layer waits for its exchange and "
+        "for the busiest rank's experts (train/moe/ep_load_max_over_mean)"
     )
 
 

@@ -63,7 +63,7 @@ def _plan(capsys, *args: str) -> str:
 
 
 def test_plan_lists_trunk_terms_after_the_head_terms(capsys, monkeypatch) -> None:
-    monkeypatch.setenv("COLUMNS", "250")  # one table row per line
+    monkeypatch.setenv("COLUMNS", "400")  # the exchange row on one line  # one table row per line
     out = _plan(capsys, TINY_MOE, "losses.2={kind: router_z, weight: 0.0001}")
     _, line = RouterAuxLossTerm(weight=1e-3).describe()
     assert f"│ router_aux │ 0.001 │ {line} │" in out
@@ -76,7 +76,7 @@ def test_plan_lists_trunk_terms_after_the_head_terms(capsys, monkeypatch) -> Non
 
 
 def test_plan_shows_the_experts_per_rank_of_a_tiny_moe(capsys, monkeypatch) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("COLUMNS", "400")  # the exchange row on one line
     out = _plan(capsys, TINY_MOE)
     assert "mixture of experts" in out
     assert "experts │ 8 routed of width 64 a sparse layer, top 2 a token; no shared expert" in out
@@ -92,7 +92,7 @@ def test_plan_shows_the_experts_per_rank_of_a_tiny_moe(capsys, monkeypatch) -> N
 def test_plan_shows_a_qwen3_30b_a3b_split_over_eight_expert_parallel_ranks(
     tmp_path, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv("COLUMNS", "400")  # the exchange row on one line
     overrides = _qwen3_30b(tmp_path)
     out = _plan(capsys, TINY_MOE, *overrides)
     memory = recipe_trainer_memory(load_recipe(TINY_MOE, overrides))
@@ -110,7 +110,9 @@ def test_plan_shows_a_qwen3_30b_a3b_split_over_eight_expert_parallel_ranks(
     assert (
         "token exchange │ all-to-all over the 8 expert-parallel ranks: each token sent once to "
         "each rank that holds any of its 8 experts (5.34 copies a token under uniform routing, "
-        "where one per expert would be 8)" in out
+        "where one per expert would be 8), then copied to its experts there; not overlapped "
+        "with compute: each layer waits for its exchange and for the busiest rank's experts "
+        "(train/moe/ep_load_max_over_mean)" in out
     )
     assert (
         f"weights │ {gib['weights']} │ bf16 compute weights; 16 experts of each sparse layer"
