@@ -11,22 +11,31 @@ GLM-4.5's MTP layers, Qwen3.5's whole model).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from types import ModuleType
 
 import torch
 
-from mtprun.models import ep_layout, moe, tp_layout
+from mtprun.models import ep_layout, moe, pp_layout, tp_layout
 from mtprun.models.families import family_of
 from mtprun.models.shape import ModelShape
 
 
 class _Tracked(Mapping[str, torch.Tensor]):
-    """A read-only view that records which checkpoint tensors conversion used."""
+    """A read-only view that records which checkpoint tensors conversion used, and hands the
+    ones a rank does not keep (`reads` False) as data-less meta tensors of their shape, so that
+    converting them costs no reads or copies (and the unused-tensor check still sees them)."""
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor], source: str) -> None:
+    def __init__(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        source: str,
+        reads: Callable[[str], bool] | None = None,
+    ) -> None:
         self._tensors = tensors
         self._source = source
+        self._reads = reads
         self.used: set[str] = set()
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -35,7 +44,8 @@ class _Tracked(Mapping[str, torch.Tensor]):
                 f"{self._source} has no tensor {name!r}; does config.json match the weights?"
             )
         self.used.add(name)
-        return self._tensors[name]
+        tensor = self._tensors[name]
+        return tensor if self._reads is None or self._reads(name) else tensor.to("meta")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -59,10 +69,13 @@ def hf_to_megatron(
     source: str = "the checkpoint",
     ep_rank: int = 0,
     ep_size: int = 1,
+    stage: pp_layout.PipelineStage | None = None,
 ) -> dict[str, torch.Tensor]:
     """HF-named tensors -> Megatron-named tensors of tensor-parallel rank `tp_rank` out of
-    `tp_size` and expert-parallel rank `ep_rank` out of `ep_size` (whose routed experts alone
-    are read: `hf` may be a lazily loading mapping, such as safetensors' memory-mapped files).
+    `tp_size`, expert-parallel rank `ep_rank` out of `ep_size` and pipeline `stage` (under its
+    stage-local names, `pp_layout.stage_tensors`; None: the whole model). Only what the rank
+    keeps is read and copied: its routed experts, its stage's layers (`hf` may load lazily, as
+    safetensors' memory-mapped files do).
 
     Every checkpoint tensor must be used: a leftover means the config and the weights disagree
     (a tied lm_head.weight that some checkpoints store anyway is the one exception, and the
@@ -71,7 +84,8 @@ def hf_to_megatron(
     shape.check_tp(tp_size)
     shape.check_ep(ep_size)
     held = ep_layout.held_experts(shape.experts.count if shape.experts else 0, ep_rank, ep_size)
-    tracked = _Tracked(hf, source)
+    reads = None if stage is None else partial(pp_layout.stage_reads, shape=shape, stage=stage)
+    tracked = _Tracked(hf, source, reads)
     full: dict[str, torch.Tensor] = {}
     for converter in _converters(shape):
         full.update(converter.to_megatron(tracked, shape, held))
@@ -87,7 +101,24 @@ def hf_to_megatron(
             f"{experts} and {shape.mtp_layers} MTP layers (as config.json says) does not use: "
             f"{sorted(leftover)[:5]}; config.json and the weights disagree"
         )
+    if stage is not None:
+        full = pp_layout.stage_tensors(full, shape, stage)
+        _check_materialized(full, stage)
     return tp_layout.shard_state_dict(full, tp_rank, tp_size)
+
+
+def _check_materialized(
+    tensors: Mapping[str, torch.Tensor], stage: pp_layout.PipelineStage
+) -> None:
+    """A stage's tensor converted from a checkpoint tensor `stage_reads` passed over (a family
+    whose HF names it misreads) would load no weights: refuse it."""
+    empty = [name for name, tensor in tensors.items() if tensor.is_meta]
+    if empty:
+        raise RuntimeError(
+            f"pipeline stage {stage.rank}'s {empty[:3]} came from checkpoint tensors the stage "
+            "did not read (pp_layout.stage_reads misnames this family's layers): a bug in "
+            "mtprun, please report it"
+        )
 
 
 def _held_elsewhere(name: str, shape: ModelShape, held: range) -> bool:

@@ -21,6 +21,10 @@ import torch
 from mtprun.models.shape import ModelShape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
+# HF names: a decoder layer's (`model.layers.3.`, `model.language_model.layers.3.`), and the MTP
+# layers' (MiMo's `model.mtp_layers.0.`, Qwen3.5's `mtp.`; GLM-4.5 numbers them after the trunk).
+_HF_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_HF_MTP = re.compile(r"(?:^|\.)mtp(?:_layers)?\.")
 _EMBEDDING = "embedding.word_embeddings.weight"
 _OUTPUT = "output_layer.weight"
 _LAST_STAGE_PREFIXES = ("decoder.final_layernorm.", "output_layer.", "mtp_layers.")
@@ -86,6 +90,23 @@ def stage_tensors(
         else:
             raise ValueError(f"no pipeline stage is known to hold {name!r}")
     return out
+
+
+def stage_reads(name: str, shape: ModelShape, stage: PipelineStage) -> bool:
+    """Whether `stage` needs the HF checkpoint tensor `name` to convert its own tensors: its
+    decoder layers', on the last stage the MTP layers', and every tensor outside the layers
+    (the embedding, final norm and output layer, which `stage_tensors` keeps or drops). A
+    tensor wrongly left out here would reach the stage without data, which conversion refuses
+    (`mtprun.models.convert`), never silently."""
+    if stage.size == 1:
+        return True
+    if _HF_MTP.search(name):
+        return stage.last
+    layer = _HF_LAYER.search(name)
+    if layer is None:
+        return True
+    index = int(layer.group(1))
+    return stage.holds_layer(index) if index < shape.layers else stage.last
 
 
 def global_tensors(

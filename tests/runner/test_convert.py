@@ -9,10 +9,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
-from mtprun.models import ModelShape, hf_to_megatron, megatron_to_hf
+from mtprun.models import ModelShape, build_tiny_model, hf_to_megatron, megatron_to_hf
 from mtprun.models.decoder import fuse_qkv, split_qkv
-from mtprun.models.pp_layout import PipelineStage, global_tensors, stage_tensors
+from mtprun.models.pp_layout import PipelineStage, global_tensors, stage_reads, stage_tensors
 from mtprun.models.tp_layout import unshard
+from mtprun.spec.model import TinyExperts, TinyModel
+
+from .conftest import TINY
+from .qwen3_5_folders import build_qwen3_5_folder
 
 
 def _shape(**change) -> ModelShape:
@@ -78,6 +82,45 @@ def test_round_trip_through_pipeline_stages_is_exact(request, fixture):
     for name, tensor in full.items():
         assert torch.equal(merged[name], tensor), name
 
+
+
+def _mtp_folder(request, tmp_path, family: str):
+    """A folder with MTP layers of each naming: MiMo's `model.mtp_layers.`, GLM-4.5's layers
+    after the trunk's, Qwen3.5's `mtp.` (beside `model.language_model.`-less text layers)."""
+    tokenizer = request.getfixturevalue("tokenizer")
+    if family == "glm4_moe":
+        spec = TinyModel(
+            architecture="glm4_moe", mtp_layers=1, experts=TinyExperts(intermediate=32), **TINY
+        )
+        return build_tiny_model(spec, tokenizer, tmp_path, seed=0)
+    if family == "qwen3_5":
+        return build_qwen3_5_folder(tokenizer, tmp_path, seed=0, mtp_layers=1)
+    return request.getfixturevalue(family)
+
+
+@pytest.mark.parametrize(
+    "family", ["tiny_mimo_dir", "tiny_tied_dir", "tiny_tied_mimo_dir", "glm4_moe", "qwen3_5"]
+)
+def test_a_pipeline_stage_converts_from_its_own_layers_alone(request, tmp_path, family):
+    folder = _mtp_folder(request, tmp_path, family)
+    shape = ModelShape.from_model_dir(folder)
+    hf = load_file(folder / "model.safetensors")
+    full = hf_to_megatron(hf, shape)
+    for rank in (0, 1):
+        stage = PipelineStage(rank, 2, shape.layers)
+        # The tensors this stage passes over hold no data here: converting must not need them.
+        own = {n: t if stage_reads(n, shape, stage) else t.to("meta") for n, t in hf.items()}
+        assert len(own) > sum(not t.is_meta for t in own.values())  # it passes over some
+        local = hf_to_megatron(own, shape, stage=stage)
+        expected = stage_tensors(full, shape, stage)
+        assert local.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(local[name], tensor), name
+    # A stage tensor converted without data is refused, not loaded empty.
+    first = PipelineStage(0, 2, shape.layers)
+    layer0 = next(n for n in hf if ".layers.0." in n and not n.startswith("mtp."))
+    with pytest.raises(RuntimeError, match="did not read"):
+        hf_to_megatron({**hf, layer0: hf[layer0].to("meta")}, shape, stage=first)
 
 def test_pipeline_stages_refuse_a_split_that_does_not_fit():
     with pytest.raises(ValueError, match="pp=2 does not divide the model's 3 decoder layers"):

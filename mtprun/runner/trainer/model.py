@@ -34,7 +34,7 @@ from mtprun.kernels.gated_delta import require_gdn_kernels
 from mtprun.models import hf_to_megatron
 from mtprun.models.expert_shape import ExpertShape
 from mtprun.models.families import family_of
-from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding, stage_tensors
+from mtprun.models.pp_layout import PipelineStage, holds_mtp_embedding
 from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedRows, packed_attention_mask
 from mtprun.runner.trainer.context_parallel import TokenShard
@@ -507,9 +507,9 @@ def load_policy_model(
     model = PolicyModel(shape, stage, recompute, dtype, fused, moe).to(device=device, dtype=dtype)
     _keep_router_biases_float32(model)
     weights = hf_to_megatron(
-        read_hf_weights(model_dir), shape, tp_rank, tp_size, str(model_dir), *ep
+        read_hf_weights(model_dir), shape, tp_rank, tp_size, str(model_dir), *ep, model.stage
     )
-    load_megatron_weights(model, stage_tensors(weights, shape, model.stage))
+    load_megatron_weights(model, weights)
     return model
 
 
