@@ -83,7 +83,6 @@ def test_round_trip_through_pipeline_stages_is_exact(request, fixture):
         assert torch.equal(merged[name], tensor), name
 
 
-
 def _mtp_folder(request, tmp_path, family: str):
     """A folder with MTP layers of each naming: MiMo's `model.mtp_layers.`, GLM-4.5's layers
     after the trunk's, Qwen3.5's `mtp.` (beside `model.language_model.`-less text layers)."""
@@ -121,6 +120,7 @@ def test_a_pipeline_stage_converts_from_its_own_layers_alone(request, tmp_path, 
     layer0 = next(n for n in hf if ".layers.0." in n and not n.startswith("mtp."))
     with pytest.raises(RuntimeError, match="did not read"):
         hf_to_megatron({**hf, layer0: hf[layer0].to("meta")}, shape, stage=first)
+
 
 def test_pipeline_stages_refuse_a_split_that_does_not_fit():
     with pytest.raises(ValueError, match="pp=2 does not divide the model's 3 decoder layers"):

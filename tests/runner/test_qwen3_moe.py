@@ -181,7 +181,6 @@ def test_a_config_that_contradicts_the_weights_names_both(moe_dir):
         hf_to_megatron(fewer, shape)
 
 
-
 class _ReadLog(dict):
     """The checkpoint's tensors, recording every name conversion reads."""
 
@@ -214,6 +213,7 @@ def test_an_expert_parallel_rank_reads_only_its_own_experts(moe_dir, rank):
     extra = {**hf, "model.layers.1.mlp.experts.4.up_proj.weight": hf[next(iter(hf))]}
     with pytest.raises(ValueError, match=r"experts\.4\.up_proj"):
         hf_to_megatron(extra, shape, ep_rank=rank, ep_size=2)
+
 
 def test_moe_layers_run_after_a_vllm_engine_replaced_torch_streams(megatron_tp1, moe_dir):
     """vLLM's CPU worker replaces torch.cuda.Stream at import (an engine earlier in the same
