@@ -31,7 +31,7 @@ class _Tracked(Mapping[str, torch.Tensor]):
         self,
         tensors: Mapping[str, torch.Tensor],
         source: str,
-        reads: Callable[[str], bool] | None = None,
+        reads: Callable[[str], bool],
     ) -> None:
         self._tensors = tensors
         self._source = source
@@ -45,7 +45,7 @@ class _Tracked(Mapping[str, torch.Tensor]):
             )
         self.used.add(name)
         tensor = self._tensors[name]
-        return tensor if self._reads is None or self._reads(name) else tensor.to("meta")
+        return tensor if self._reads(name) else tensor.to("meta")
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
@@ -61,6 +61,11 @@ def _converters(shape: ModelShape) -> list[ModuleType]:
     return [importlib.import_module(m) for m in family_of(shape.architecture).converters]
 
 
+# Under tensor parallelism a rank converts this many layers' full tensors at a time and keeps
+# their shards: its host copies peak at a few layers and its shards, not the whole model.
+LAYERS_PER_PASS = 8
+
+
 def hf_to_megatron(
     hf: Mapping[str, torch.Tensor],
     shape: ModelShape,
@@ -74,8 +79,10 @@ def hf_to_megatron(
     """HF-named tensors -> Megatron-named tensors of tensor-parallel rank `tp_rank` out of
     `tp_size`, expert-parallel rank `ep_rank` out of `ep_size` and pipeline `stage` (under its
     stage-local names, `pp_layout.stage_tensors`; None: the whole model). Only what the rank
-    keeps is read and copied: its routed experts, its stage's layers (`hf` may load lazily, as
-    safetensors' memory-mapped files do).
+    keeps is read and copied: its routed experts, its stage's layers, and under tensor
+    parallelism `LAYERS_PER_PASS` layers' full tensors at a time (`hf` may load lazily, as
+    safetensors' memory-mapped files do; the tensors a pass passes over go through the
+    converters as data-less meta tensors).
 
     Every checkpoint tensor must be used: a leftover means the config and the weights disagree
     (a tied lm_head.weight that some checkpoints store anyway is the one exception, and the
@@ -84,12 +91,40 @@ def hf_to_megatron(
     shape.check_tp(tp_size)
     shape.check_ep(ep_size)
     held = ep_layout.held_experts(shape.experts.count if shape.experts else 0, ep_rank, ep_size)
-    reads = None if stage is None else partial(pp_layout.stage_reads, shape=shape, stage=stage)
-    tracked = _Tracked(hf, source, reads)
-    full: dict[str, torch.Tensor] = {}
-    for converter in _converters(shape):
-        full.update(converter.to_megatron(tracked, shape, held))
-    leftover = set(hf) - tracked.used - ({"lm_head.weight"} if shape.tie_embeddings else set())
+    stage = stage or pp_layout.PipelineStage(0, 1, shape.layers)
+    per_pass = LAYERS_PER_PASS if tp_size > 1 else shape.layers + 1
+    out: dict[str, torch.Tensor] = {}
+    kept: set[str] = set()
+    for first in range(0, shape.layers + 1, per_pass):
+        layers = range(first, first + per_pass)
+        tracked = _Tracked(hf, source, partial(_reads, shape=shape, stage=stage, layers=layers))
+        converted = {}
+        for converter in _converters(shape):
+            converted.update(converter.to_megatron(tracked, shape, held))
+        if first == 0:
+            _check_unused(hf, tracked.used, shape, held, source)
+        local = pp_layout.stage_tensors(converted, shape, stage)
+        kept.update(local)
+        for name, tensor in local.items():
+            if not tensor.is_meta:
+                out[name] = tp_layout.shard(name, tensor, tp_rank, tp_size)
+    _check_materialized(kept - out.keys(), stage)
+    return out
+
+
+def _reads(name: str, shape: ModelShape, stage: pp_layout.PipelineStage, layers: range) -> bool:
+    """Whether the pass over `layers` reads HF tensor `name`: one of those layers' that `stage`
+    holds (the tensors outside the layers in the first pass)."""
+    layer = pp_layout.hf_layer_of(name, shape)
+    in_pass = layers.start == 0 if layer is None else layer in layers
+    return in_pass and pp_layout.stage_reads(name, shape, stage)
+
+
+def _check_unused(
+    hf: Mapping[str, torch.Tensor], used: set[str], shape: ModelShape, held: range, source: str
+) -> None:
+    """ValueError for a checkpoint tensor no converter used (hf_to_megatron's docstring)."""
+    leftover = set(hf) - used - ({"lm_head.weight"} if shape.tie_embeddings else set())
     leftover = {name for name in leftover if not _held_elsewhere(name, shape, held)}
     unconverted = family_of(shape.architecture).unconverted
     if unconverted is not None:
@@ -101,23 +136,17 @@ def hf_to_megatron(
             f"{experts} and {shape.mtp_layers} MTP layers (as config.json says) does not use: "
             f"{sorted(leftover)[:5]}; config.json and the weights disagree"
         )
-    if stage is not None:
-        full = pp_layout.stage_tensors(full, shape, stage)
-        _check_materialized(full, stage)
-    return tp_layout.shard_state_dict(full, tp_rank, tp_size)
 
 
-def _check_materialized(
-    tensors: Mapping[str, torch.Tensor], stage: pp_layout.PipelineStage
-) -> None:
-    """A stage's tensor converted from a checkpoint tensor `stage_reads` passed over (a family
-    whose HF names it misreads) would load no weights: refuse it."""
-    empty = [name for name, tensor in tensors.items() if tensor.is_meta]
+def _check_materialized(empty: set[str], stage: pp_layout.PipelineStage) -> None:
+    """A rank's tensor that only ever came out of conversion as a meta tensor (from checkpoint
+    tensors `pp_layout.stage_reads` or `hf_layer_of` passed over: a family whose HF names they
+    misread) would load no weights: refuse it."""
     if empty:
         raise RuntimeError(
-            f"pipeline stage {stage.rank}'s {empty[:3]} came from checkpoint tensors the stage "
-            "did not read (pp_layout.stage_reads misnames this family's layers): a bug in "
-            "mtprun, please report it"
+            f"pipeline stage {stage.rank}'s {sorted(empty)[:3]} came from checkpoint tensors "
+            "the stage did not read (pp_layout.stage_reads misnames this family's layers): a "
+            "bug in mtprun, please report it"
         )
 
 

@@ -92,21 +92,24 @@ def stage_tensors(
     return out
 
 
+def hf_layer_of(name: str, shape: ModelShape) -> int | None:
+    """The decoder layer the HF checkpoint tensor `name` belongs to: its index, `shape.layers`
+    for any MTP layer's, None outside the layers (the embedding, final norm, output layer)."""
+    if _HF_MTP.search(name):
+        return shape.layers
+    layer = _HF_LAYER.search(name)
+    return None if layer is None else min(int(layer.group(1)), shape.layers)
+
+
 def stage_reads(name: str, shape: ModelShape, stage: PipelineStage) -> bool:
     """Whether `stage` needs the HF checkpoint tensor `name` to convert its own tensors: its
     decoder layers', on the last stage the MTP layers', and every tensor outside the layers
-    (the embedding, final norm and output layer, which `stage_tensors` keeps or drops). A
-    tensor wrongly left out here would reach the stage without data, which conversion refuses
-    (`mtprun.models.convert`), never silently."""
-    if stage.size == 1:
+    (which `stage_tensors` keeps or drops). A tensor wrongly left out here would reach the
+    stage without data, which conversion refuses (`mtprun.models.convert`), never silently."""
+    layer = hf_layer_of(name, shape)
+    if stage.size == 1 or layer is None:
         return True
-    if _HF_MTP.search(name):
-        return stage.last
-    layer = _HF_LAYER.search(name)
-    if layer is None:
-        return True
-    index = int(layer.group(1))
-    return stage.holds_layer(index) if index < shape.layers else stage.last
+    return stage.holds_layer(layer) if layer < shape.layers else stage.last
 
 
 def global_tensors(

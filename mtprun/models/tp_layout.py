@@ -77,10 +77,6 @@ def unshard(name: str, parts: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([*gates, *ups])
 
 
-def shard_state_dict(full: Mapping[str, torch.Tensor], rank: int, tp: int) -> dict:
-    return {name: shard(name, t, rank, tp) for name, t in full.items()}
-
-
 def gather_state_dict(
     local: Mapping[str, torch.Tensor], tp: int, group: torch.distributed.ProcessGroup | None
 ) -> dict:

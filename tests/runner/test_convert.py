@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
-from mtprun.models import ModelShape, build_tiny_model, hf_to_megatron, megatron_to_hf
+from mtprun.models import ModelShape, build_tiny_model, convert, hf_to_megatron, megatron_to_hf
 from mtprun.models.decoder import fuse_qkv, split_qkv
 from mtprun.models.pp_layout import PipelineStage, global_tensors, stage_reads, stage_tensors
 from mtprun.models.tp_layout import unshard
@@ -120,6 +120,24 @@ def test_a_pipeline_stage_converts_from_its_own_layers_alone(request, tmp_path, 
     layer0 = next(n for n in hf if ".layers.0." in n and not n.startswith("mtp."))
     with pytest.raises(RuntimeError, match="did not read"):
         hf_to_megatron({**hf, layer0: hf[layer0].to("meta")}, shape, stage=first)
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen2_dir", "tiny_tied_mimo_dir", "glm4_moe", "qwen3_5"])
+def test_tp_shards_converted_a_layer_at_a_time_equal_one_pass(
+    request, tmp_path, monkeypatch, family
+):
+    folder = _mtp_folder(request, tmp_path, family)
+    shape = ModelShape.from_model_dir(folder)
+    hf = load_file(folder / "model.safetensors")
+    assert shape.layers < convert.LAYERS_PER_PASS  # the default converts these in one pass
+    stages = [None, *(PipelineStage(r, 2, shape.layers) for r in (0, 1))]
+    one_pass = [hf_to_megatron(hf, shape, 1, 2, stage=stage) for stage in stages]
+    monkeypatch.setattr(convert, "LAYERS_PER_PASS", 1)
+    for stage, expected in zip(stages, one_pass, strict=True):
+        shards = hf_to_megatron(hf, shape, 1, 2, stage=stage)
+        assert shards.keys() == expected.keys()
+        for name, tensor in expected.items():
+            assert torch.equal(shards[name], tensor), name
 
 
 def test_pipeline_stages_refuse_a_split_that_does_not_fit():
