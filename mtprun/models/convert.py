@@ -1,11 +1,12 @@
 """HF checkpoint tensors <-> Megatron-core tensors for every supported architecture.
 
-hf_to_megatron gives one tensor- and expert-parallel rank's shards; megatron_to_hf takes full
-tensors (gather them first: `tp_layout.gather_state_dict`, `ep_layout.gather_state_dict`). Each
-family names the converter modules that together cover its tensors (`Family.converters`): the
-shared decoder trunk (`mtprun.models.decoder`), for MoE families their sparse MLPs
-(`mtprun.models.moe`), and its own in its folder (`mtprun.models.families.<name>`: MiMo's and
-GLM-4.5's MTP layers, Qwen3.5's whole model).
+hf_to_megatron gives one tensor-, expert- and pipeline-parallel rank's shards, reading and
+copying only those; megatron_to_hf takes full tensors (gather them first:
+`tp_layout.gather_state_dict`, `ep_layout.gather_state_dict`). Each family names the converter
+modules that together cover its tensors (`Family.converters`): the shared decoder trunk
+(`mtprun.models.decoder`), for MoE families their sparse MLPs (`mtprun.models.moe`), and its own
+in its folder (`mtprun.models.families.<name>`: MiMo's and GLM-4.5's MTP layers, Qwen3.5's whole
+model).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from mtprun.models.shape import ModelShape
 
 class _Tracked(Mapping[str, torch.Tensor]):
     """A read-only view that records which checkpoint tensors conversion used, and hands the
-    ones a rank does not keep (`reads` False) as data-less meta tensors of their shape, so that
-    converting them costs no reads or copies (and the unused-tensor check still sees them)."""
+    ones this pass does not convert (`reads` False: another stage's layers, another pass's) as
+    data-less meta tensors of their shape, so that converting them costs no reads or copies
+    (and the unused-tensor check still sees them)."""
 
     def __init__(
         self,
