@@ -95,13 +95,14 @@ def hf_to_megatron(
     held = ep_layout.held_experts(shape.experts.count if shape.experts else 0, ep_rank, ep_size)
     stage = stage or pp_layout.PipelineStage(0, 1, shape.layers)
     per_pass = LAYERS_PER_PASS if tp_size > 1 else shape.layers + 1
+    converters = _converters(shape)
     out: dict[str, torch.Tensor] = {}
     kept: set[str] = set()
     for first in range(0, shape.layers + 1, per_pass):
         layers = range(first, first + per_pass)
         tracked = _Tracked(hf, source, partial(_reads, shape=shape, stage=stage, layers=layers))
         converted = {}
-        for converter in _converters(shape):
+        for converter in converters:
             converted.update(converter.to_megatron(tracked, shape, held))
         if first == 0:
             _check_unused(hf, tracked.used, shape, held, source)
@@ -119,7 +120,7 @@ def _reads(name: str, shape: ModelShape, stage: pp_layout.PipelineStage, layers:
     holds (the tensors outside the layers in the first pass)."""
     layer = pp_layout.hf_layer_of(name, shape)
     in_pass = layers.start == 0 if layer is None else layer in layers
-    return in_pass and pp_layout.stage_reads(name, shape, stage)
+    return in_pass and pp_layout.stage_holds_hf_layer(layer, shape, stage)
 
 
 def _check_unused(
@@ -147,7 +148,7 @@ def _check_materialized(empty: set[str], stage: pp_layout.PipelineStage) -> None
     if empty:
         raise RuntimeError(
             f"pipeline stage {stage.rank}'s {sorted(empty)[:3]} came from checkpoint tensors "
-            "the stage did not read (pp_layout.stage_reads misnames this family's layers): a "
+            "the stage did not read (pp_layout.hf_layer_of misnames this family's layers): a "
             "bug in mtprun, please report it"
         )
 

@@ -106,7 +106,11 @@ def stage_reads(name: str, shape: ModelShape, stage: PipelineStage) -> bool:
     decoder layers', on the last stage the MTP layers', and every tensor outside the layers
     (which `stage_tensors` keeps or drops). A tensor wrongly left out here would reach the
     stage without data, which conversion refuses (`mtprun.models.convert`), never silently."""
-    layer = hf_layer_of(name, shape)
+    return stage_holds_hf_layer(hf_layer_of(name, shape), shape, stage)
+
+
+def stage_holds_hf_layer(layer: int | None, shape: ModelShape, stage: PipelineStage) -> bool:
+    """`stage_reads` for a tensor of `layer` (`hf_layer_of`'s index)."""
     if stage.size == 1 or layer is None:
         return True
     return stage.holds_layer(layer) if layer < shape.layers else stage.last
