@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from megatron.core import parallel_state
 
 from mtprun.compiler import compile_recipe
 from mtprun.runner.trainer.half_batches import HalfBatchStreams
@@ -35,8 +34,7 @@ def two_adamw_steps(model_dir: Path, layout: dict[str, int], batch_ids=(0, 1), h
     recipe = make_recipe(model_dir, parallel=layout, trainer=ADAMW)
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
     if halves:
-        group = parallel_state.get_expert_model_parallel_group()
-        trainer.model.half_batches = HalfBatchStreams(torch.device("cpu"), group)
+        trainer.model.half_batches = HalfBatchStreams(torch.device("cpu"))
     batches = [layout_batches(trainer.shape.vocab)[i] for i in batch_ids]
     metrics = [trainer.train_step(batches) for _ in range(2)]
     return metrics, trainer.hf_state_dict()

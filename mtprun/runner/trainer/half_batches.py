@@ -8,13 +8,9 @@ tokens one at a time, so the halves never meet), each layer runs half A on strea
 B on stream B. A collective blocks only the stream that issued it, so while A waits in NCCL
 the GPU runs B's attention, router or experts, and the other way round. The host issues A's
 layer before B's and waits once a layer for each half (the dispatcher reads its split sizes
-back, exchanged on a communicator of their own, `parallel.count_exchange_group`, so that the
-wait is for this half's router alone); by then the other half's work is queued, so the GPU
-stays busy. The expert-parallel ranks exchange tokens together, so they all halve a micro
-batch or none does (`all_halve`: a rank whose micro batch is one sequence runs it whole).
-The backward needs no schedule of its own: autograd runs each node on the stream its forward
-ran on, in the reverse of the order the forward made them, so the halves alternate layer by
-layer there too.
+back); by then the other half's work is queued, so the GPU stays busy. The backward needs no
+schedule of its own: autograd runs each node on the stream its forward ran on, in the reverse
+of the order the forward made them, so the halves alternate layer by layer there too.
 
 What crosses the streams:
 - the halves are `split` views of the layers' input on the caller's stream, which both
@@ -36,7 +32,6 @@ from collections.abc import Sequence
 from itertools import accumulate
 
 import torch
-import torch.distributed as dist
 
 from mtprun.runner.trainer.attention import PackedRows
 
@@ -55,22 +50,9 @@ class HalfBatchStreams:
     """The two side streams of one device, and the layers run over two halves on them (on a
     CPU, where there are no streams, one half after the other: what the tests compare)."""
 
-    def __init__(self, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
-        """`group`: the expert-parallel ranks, which exchange tokens at every MoE layer and so
-        must all run a micro batch whole or all as halves (`all_halve`)."""
-        self.device = torch.device(device)
-        cuda = self.device.type == "cuda"
+    def __init__(self, device: torch.device) -> None:
+        cuda = torch.device(device).type == "cuda"
         self.streams = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if cuda else None
-        self.group = group
-
-    def all_halve(self, this_rank_can: bool) -> bool:
-        """Whether every rank of the group can halve its micro batch (each has two sequences or
-        more): one small all-reduce and host read a micro batch."""
-        if self.group is None:
-            return this_rank_can
-        flag = torch.tensor([int(this_rank_can)], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
-        return bool(flag.item())
 
     def run_layers(
         self, layers: Sequence[torch.nn.Module], hidden: torch.Tensor, halves: Sequence[PackedRows]

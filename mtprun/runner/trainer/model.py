@@ -384,7 +384,7 @@ class PolicyModel(GPTModel):
         else:
             hidden = self.decoder.input_tensor
         cut = halves_cut(lengths) if self.half_batches is not None else None
-        if self.half_batches is not None and self.half_batches.all_halve(cut is not None):
+        if cut is not None and shard.size == 1:
             halves = [
                 _rows_of(host_cu_seqlens, lengths, table, position_ids, part)
                 for part in (slice(0, cut), slice(cut, len(lengths)))

@@ -63,38 +63,11 @@ def init_parallel(
         # The distributed optimizer gathers its state for checkpoints over gloo groups.
         create_gloo_process_groups=True,
     )
-    if ep > 1:
-        _make_count_exchange_groups()
     if needs_cpu_shims():
         reset_rng_tracker()
     else:
         model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
-
-
-_COUNT_EXCHANGE_GROUP: dist.ProcessGroup | None = None
-
-
-def _make_count_exchange_groups() -> None:
-    """A second communicator over each expert-parallel group's ranks, for the MoE dispatcher's
-    split-size exchange (`count_exchange_group`). Every rank creates every group, in one order."""
-    global _COUNT_EXCHANGE_GROUP
-    from megatron.core import parallel_state
-
-    mine = dist.get_process_group_ranks(parallel_state.get_expert_model_parallel_group())
-    everyone: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    groups = sorted({tuple(ranks) for ranks in everyone if ranks is not None})
-    _COUNT_EXCHANGE_GROUP, _ = dist.new_subgroups_by_enumeration([list(g) for g in groups])
-
-
-def count_exchange_group() -> dist.ProcessGroup | None:
-    """The expert-parallel ranks' own communicator for the dispatcher's split sizes (None
-    without expert parallelism). The host waits for those sizes at every MoE layer; on the
-    exchange's communicator they would queue behind every all-to-all issued before them, of
-    the other half of the micro batch too (`half_batches`), and the host's wait would drain the
-    GPU. On their own one they wait only for this half's router."""
-    return _COUNT_EXCHANGE_GROUP
 
 
 def _one_work_queue() -> None:
@@ -149,8 +122,6 @@ def destroy_parallel() -> None:
     """Tear down Megatron's groups and the default process group (safe to call twice)."""
     from megatron.core import parallel_state
 
-    global _COUNT_EXCHANGE_GROUP
-    _COUNT_EXCHANGE_GROUP = None
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -31,7 +31,6 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.moe.token_dispatcher import MoETokenDispatcher
 
 from mtprun.kernels.row_copies import RowCopies, copy_rows, sum_copies
-from mtprun.runner.trainer.parallel import count_exchange_group
 
 
 class RankDedupDispatcher(MoETokenDispatcher):
@@ -85,7 +84,7 @@ class RankDedupDispatcher(MoETokenDispatcher):
         per_expert = torch.bincount(experts.flatten(), minlength=self.config.num_moe_experts)
         counts = torch.cat([sent.sum(1, keepdim=True), per_expert.view(self.ep_size, -1)], 1)
         received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=count_exchange_group() or self.ep_group)
+        dist.all_to_all_single(received, counts, group=self.ep_group)
         host = torch.cat([counts[:, 0], received.flatten()]).tolist()
         self.send_splits = host[: self.ep_size]
         width = counts.shape[1]

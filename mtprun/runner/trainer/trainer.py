@@ -146,8 +146,7 @@ class Trainer:
         )
         self.model.freeze_mtp_layers_beyond(plan.mtp_depth)
         if self.device.type == "cuda" and halves_blocker(recipe) is None:
-            group = parallel_state.get_expert_model_parallel_group()
-            self.model.half_batches = HalfBatchStreams(self.device, group)
+            self.model.half_batches = HalfBatchStreams(self.device)
         if recipe.model.lora is not None:  # base frozen, adapters train (trainer/lora.py)
             attach_lora(self.model, recipe.model.lora, *tp, seed=recipe.seed)
         distill = plan.term("distill")
