@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 def experts_layout(recipe: Recipe, memory: TrainerMemory | str) -> dict | None:
     """A mixture-of-experts model's experts per rank and sparse / dense layers (null for a
     dense model or one whose shape is not known here)."""
-    from mtprun.preflight.exchange_overlap import halves_blocker
     from mtprun.preflight.model_shape import recipe_shape
 
     shape = recipe_shape(recipe)
@@ -40,7 +39,6 @@ def experts_layout(recipe: Recipe, memory: TrainerMemory | str) -> dict | None:
         "dense_layers": [i for i in range(shape.layers) if not shape.is_moe_layer(i)],
         "expert_data_parallel": recipe.parallel.dp * recipe.parallel.cp // ep,
         "sent_copies_per_token": _sent_copies(moe.count, moe.top_k, ep),
-        "exchange_not_overlapped_because": halves_blocker(recipe),
     }
     if not isinstance(memory, str):
         layout["rank_sparse_layers"] = memory.sparse_layers
@@ -68,21 +66,8 @@ def _exchange_text(layout: dict) -> str:
         f"all-to-all over the {ep} expert-parallel ranks: each token sent once to each rank "
         f"that holds any of its {k} experts ({layout['sent_copies_per_token']:g} copies a token "
         f"under uniform routing, where one per expert would be {k}), then copied to its "
-        f"experts there; {_overlap_text(layout['exchange_not_overlapped_because'])}"
-    )
-
-
-def _overlap_text(blocker: str | None) -> str:
-    busiest = "the busiest rank's experts (train/moe/ep_load_max_over_mean)"
-    if blocker is not None:
-        return (
-            f"not overlapped with compute ({blocker}): each layer waits for its exchange and "
-            f"for {busiest}"
-        )
-    return (
-        "on GPUs overlapped with compute: a micro batch of two sequences or more runs as two "
-        "halves on two CUDA streams, one half's exchange under the other's compute; each "
-        f"layer still waits for {busiest}"
+        "experts there; not overlapped with compute: each layer waits for its exchange and "
+        "for the busiest rank's experts (train/moe/ep_load_max_over_mean)"
     )
 
 

@@ -30,7 +30,7 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 
-from mtprun.kernels.main_grad import add_into_main_grad, grad_for_ddp_hook
+from mtprun.kernels.main_grad import grad_for_ddp_hook
 
 
 def grouped_linear(
@@ -121,8 +121,7 @@ class GroupedLinear(torch.autograd.Function):
         dx = _input_grad(dy, weight, ends) if ctx.needs_input_grad[0] else None
         grad_weight = None
         if ctx.needs_input_grad[1] and ctx.main_grad is not None:
-            main_grad = ctx.main_grad
-            add_into_main_grad(lambda: add_weight_grad_(main_grad, dy, x, ends), dy, x, ends)
+            add_weight_grad_(ctx.main_grad, dy, x, ends)
             grad_weight = grad_for_ddp_hook(weight)
         elif ctx.needs_input_grad[1]:
             grad_weight = _weight_grad(dy, x, ends, weight)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from mtprun.compiler import compile_recipe
-from mtprun.runner.trainer.half_batches import HalfBatchStreams
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.spec.parallel import ParallelSection
 
@@ -25,22 +24,19 @@ def layout_batches(vocab: int) -> list:
     return [random_packed_batch(vocab, [9, 14, 6], 8), random_packed_batch(vocab, [20, 4], 9)]
 
 
-def two_adamw_steps(model_dir: Path, layout: dict[str, int], batch_ids=(0, 1), halves=False):
+def two_adamw_steps(model_dir: Path, layout: dict[str, int], batch_ids=(0, 1)):
     """Two AdamW steps on micro batches `batch_ids` in an initialised process: each step's
     metrics and the gathered weights after them. The second step's update reads the moments
     the first one left (the first one's is sign-like), and the weights after it are compared:
-    a third step would check nothing more. `halves`: the layers run each micro batch as two
-    halves (`HalfBatchStreams`, one after the other on a CPU)."""
+    a third step would check nothing more."""
     recipe = make_recipe(model_dir, parallel=layout, trainer=ADAMW)
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
-    if halves:
-        trainer.model.half_batches = HalfBatchStreams(torch.device("cpu"))
     batches = [layout_batches(trainer.shape.vocab)[i] for i in batch_ids]
     metrics = [trainer.train_step(batches) for _ in range(2)]
     return metrics, trainer.hf_state_dict()
 
 
-def _layout_job(rank: int, layout: dict[str, int], model_dir: Path, halves: bool):
+def _layout_job(rank: int, layout: dict[str, int], model_dir: Path):
     """Rank `rank` of `layout` (a pool worker): each of two data-parallel replicas trains its
     own micro batch, without dp every rank both; the last rank (the last pipeline stage)
     returns its result."""
@@ -48,20 +44,20 @@ def _layout_job(rank: int, layout: dict[str, int], model_dir: Path, halves: bool
 
     parallel = ParallelSection(**layout)
     batch_ids = [data_parallel_replica(rank, parallel)] if parallel.dp == 2 else (0, 1)
-    result = two_adamw_steps(model_dir, layout, batch_ids=batch_ids, halves=halves)
+    result = two_adamw_steps(model_dir, layout, batch_ids=batch_ids)
     return result if rank == parallel.world_size - 1 else None
 
 
 def check_trains_like_one_process(
-    model_dir: Path, layout: dict[str, int], one_process: dict[Any, Any], halves: bool = False
+    model_dir: Path, layout: dict[str, int], one_process: dict[Any, Any]
 ) -> list[dict[str, Any]]:
     """Loss and grad norm of 2 AdamW steps within 1e-4 of one process, and the gathered
     weights equal (a misplaced expert or stage would differ by whole weights; Adam's division
     by tiny second moments leaves ~1e-5 between reduction orders). `one_process`: the module's
     cache of one-process runs by model folder, filled here (this process must be initialised
     as one process: the `megatron_tp1` fixture). Returns the layout's last rank's metrics of
-    each step. `halves` as in `two_adamw_steps`, for the layout only."""
-    two, two_weights = gloo_pool().run(layout, _layout_job, model_dir, halves)[-1]
+    each step."""
+    two, two_weights = gloo_pool().run(layout, _layout_job, model_dir)[-1]
     if model_dir not in one_process:
         one_process[model_dir] = two_adamw_steps(model_dir, {})
     one, one_weights = one_process[model_dir]

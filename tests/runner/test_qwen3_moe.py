@@ -103,17 +103,12 @@ def one_process(megatron_tp1):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("layout", "halves"),
-    [(LAYOUTS[0], False), (LAYOUTS[0], True), (LAYOUTS[1], False), (LAYOUTS[2], False)],
-    ids=["dp2ep2", "dp2ep2-halves", "pp2", "tp2dp2ep2"],
-)
-def test_layouts_train_like_one_process(one_process, moe_dir, layout, halves):
-    """dp=2 with ep=2 (each rank two of the four experts and its own micro batch; also with
-    each micro batch's layers run as two halves, as a GPU overlaps their exchanges), pp=2 (a
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["dp2ep2", "pp2", "tp2dp2ep2"])
+def test_layouts_train_like_one_process(one_process, moe_dir, layout):
+    """dp=2 with ep=2 (each rank two of the four experts and its own micro batch), pp=2 (a
     dense and a sparse stage) and tp=2 with dp=2 and ep=2 on four processes (attention split,
     each tp rank routing half of the tokens to whole experts)."""
-    metrics = check_trains_like_one_process(moe_dir, layout, one_process, halves)
+    metrics = check_trains_like_one_process(moe_dir, layout, one_process)
     if "ep" not in layout:
         assert "moe/ep_load_max_over_mean" not in metrics[0]
     elif "tp" not in layout:  # (tp's routers also count the rows padding the token split)

@@ -30,7 +30,6 @@ from megatron.core.tensor_parallel import layers
 from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
 
 from mtprun.kernels.accumulate import addmm_into
-from mtprun.kernels.main_grad import add_into_main_grad
 from mtprun.runner.trainer.experts import GroupedExperts
 
 
@@ -39,7 +38,7 @@ def _wgrad_accum(input: torch.Tensor, grad_output: torch.Tensor, main_grad: torc
     main_grad's dtype."""
     x = input.reshape(-1, input.shape[-1])
     dy = grad_output.reshape(-1, grad_output.shape[-1])
-    add_into_main_grad(lambda: addmm_into(main_grad, dy.t(), x), x, dy)
+    addmm_into(main_grad, dy.t(), x)
 
 
 _TORCH_WGRAD = SimpleNamespace(

@@ -30,7 +30,6 @@ from megatron.core.transformer.spec_utils import build_module
 from safetensors.torch import load_file
 from torch.utils.checkpoint import checkpoint
 
-from mtprun.data.device_copy import to_device
 from mtprun.kernels.gated_delta import require_gdn_kernels
 from mtprun.models import hf_to_megatron
 from mtprun.models.expert_shape import ExpertShape
@@ -40,7 +39,6 @@ from mtprun.models.shape import ModelShape
 from mtprun.runner.trainer.attention import PackedRows, packed_attention_mask
 from mtprun.runner.trainer.context_parallel import TokenShard
 from mtprun.runner.trainer.gated_delta_net import ZeroCenteredRMSNorm
-from mtprun.runner.trainer.half_batches import HalfBatchStreams, halves_cut
 from mtprun.runner.trainer.layer_specs import decoder_layer_spec, stage_layer_specs
 
 Recompute = Literal["none", "selective", "full"]
@@ -273,9 +271,6 @@ class PolicyModel(GPTModel):
         self.shape = shape
         self.stage = stage
         self.recompute = recompute
-        # Set by the trainer where `exchange_overlap.halves_blocker` finds nothing against it: the
-        # layers then run each micro batch's two halves on two streams (half_batches).
-        self.half_batches: HalfBatchStreams | None = None
         mtp_layers = shape.mtp_layers if stage.last else 0
         family = family_of(shape.architecture) if shape.architecture else None
         self.family = family
@@ -383,13 +378,6 @@ class PolicyModel(GPTModel):
             hidden = self.embedding(input_ids=input_ids[None], position_ids=position_ids[None])
         else:
             hidden = self.decoder.input_tensor
-        cut = halves_cut(lengths) if self.half_batches is not None else None
-        if cut is not None and shard.size == 1:
-            halves = [
-                _rows_of(host_cu_seqlens, lengths, table, position_ids, part)
-                for part in (slice(0, cut), slice(cut, len(lengths)))
-            ]
-            return self.half_batches.run_layers(self.decoder.layers, hidden, halves), rows
         return self._run_layers(hidden, rows), rows
 
     def _run_layers(self, hidden, rows: PackedRows) -> torch.Tensor:
@@ -424,18 +412,6 @@ class PolicyModel(GPTModel):
             previous = normed if chain_normed else out
             outputs.append(normed[:, 0])
         return outputs
-
-
-def _rows_of(host_cu_seqlens, lengths, table, position_ids, part: slice) -> PackedRows:
-    """`PackedRows` of the sequences `part` of a packed row (the row's boundaries on the host,
-    its sequences' lengths, the rotary table and its tokens' position ids)."""
-    start, end = int(host_cu_seqlens[part.start]), int(host_cu_seqlens[part.stop])
-    host = host_cu_seqlens[part.start : part.stop + 1] - start
-    device = position_ids.device
-    mask = packed_attention_mask(
-        to_device(host, device), lengths[part], TokenShard(0, 1, end - start), device
-    )
-    return PackedRows.of(mask, table.to(device)[position_ids[start:end]], host)
 
 
 def check_native_mtp_loss_disabled(model: GPTModel) -> None:

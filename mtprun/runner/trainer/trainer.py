@@ -37,10 +37,8 @@ from mtprun.models.pp_layout import (
     splits_tied_embedding,
 )
 from mtprun.models.tp_layout import gather_state_dict
-from mtprun.preflight.exchange_overlap import halves_blocker
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
-from mtprun.runner.trainer.half_batches import HalfBatchStreams
 from mtprun.runner.trainer.lora import attach_lora
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
 from mtprun.runner.trainer.model import (
@@ -145,8 +143,6 @@ class Trainer:
             moe=moe_options(recipe),
         )
         self.model.freeze_mtp_layers_beyond(plan.mtp_depth)
-        if self.device.type == "cuda" and halves_blocker(recipe) is None:
-            self.model.half_batches = HalfBatchStreams(self.device)
         if recipe.model.lora is not None:  # base frozen, adapters train (trainer/lora.py)
             attach_lora(self.model, recipe.model.lora, *tp, seed=recipe.seed)
         distill = plan.term("distill")
