@@ -16,7 +16,8 @@ import torch
 
 from mtprun.compiler import compile_recipe
 from mtprun.data.balance import rebalance
-from mtprun.runner.trainer.trainer import Trainer, _trained_sequences
+from mtprun.runner.trainer.micro_batches import trained_sequences
+from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
 
@@ -30,7 +31,7 @@ def _emulated_step(trainer, start, micro_batches, replica_of, dp):
     step_counts = [
         sum(mb.num_tokens for mb in micro_batches),
         sum(int(mb.loss_mask.sum()) for mb in micro_batches),
-        sum(_trained_sequences(mb) for mb in micro_batches),
+        sum(trained_sequences(mb) for mb in micro_batches),
     ]
     loss, move = 0.0, None
     for d in range(dp):

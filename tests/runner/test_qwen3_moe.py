@@ -16,6 +16,7 @@ from mtprun.runner.policy_folder import save_hf_folder
 from mtprun.runner.trainer.trainer import Trainer
 
 from .conftest import make_recipe, random_packed_batch
+from .gloo_pool import gloo_pool
 from .layout_check import ADAMW, check_trains_like_one_process, layout_batches
 from .qwen3_folders import assert_logits_equal_transformers, build_qwen3_moe_folder
 
@@ -119,6 +120,45 @@ def test_layouts_train_like_one_process(one_process, moe_dir, layout):
         per_rank = counts.view(2, 2).sum(1)
         busiest = (per_rank.max() / per_rank.mean()).item()
         assert metrics[0]["moe/ep_load_max_over_mean"] == pytest.approx(busiest, rel=1e-6)
+
+
+def _uneven_replicas_job(rank: int, layout: dict[str, int], model_dir):
+    """Replica 0 trains three micro batches, one without trained tokens; replica 1 one."""
+    batches = _uneven_batches(ModelShape.from_model_dir(model_dir).vocab)
+    result = _two_steps(model_dir, layout, batches[:3] if rank == 0 else batches[3:])
+    return result if rank == 1 else None
+
+
+def _uneven_batches(vocab: int) -> list:
+    batches = [random_packed_batch(vocab, n, seed=i) for i, n in enumerate([[9, 14], [12], [30]])]
+    batches[1].loss_mask[:] = False  # e.g. an overlong rollout's, masked whole
+    return [*batches, random_packed_batch(vocab, [17, 8], seed=3)]
+
+
+def _two_steps(model_dir, layout, batches):
+    recipe = make_recipe(model_dir, parallel=layout, trainer=ADAMW)
+    trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
+    metrics = [trainer.train_step(batches) for _ in range(2)]
+    return metrics, trainer.hf_state_dict()
+
+
+@pytest.mark.slow
+def test_expert_parallel_replicas_with_uneven_micro_batches_train_like_one_process(
+    megatron_tp1, moe_dir
+):
+    """dp = 2, ep = 2 whose replicas train 3 and 1 micro batches, one of them without trained
+    tokens: every rank runs as many (the short one copies of its last, which train nothing)
+    and none skips one that another exchanges tokens with at its MoE layer (each would leave
+    the other rank's all-to-all without a peer). Losses, gradient norms, routing metrics and
+    weights equal one process training the four."""
+    two, two_weights = gloo_pool().run({"dp": 2, "ep": 2}, _uneven_replicas_job, moe_dir)[-1]
+    vocab = ModelShape.from_model_dir(moe_dir).vocab
+    one, one_weights = _two_steps(moe_dir, {}, _uneven_batches(vocab))
+    for step1, step2 in zip(one, two, strict=True):
+        for name in ("loss", "grad_norm", "trained_tokens", "moe/load_max_over_mean"):
+            assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
+    for name, tensor in one_weights.items():
+        torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)
 
 
 def _router_reference(model_dir, batch, top_k):

@@ -42,6 +42,7 @@ class RouterStats:
         self._counts: list[torch.Tensor | float] = [0.0] * len(self.routers)
         self._aux: list[torch.Tensor | float] = [0.0] * len(self.routers)
         self._tokens = 0
+        self._counting = True  # off for a micro batch that trains nothing (weigh_micro_batch)
         for index, router in enumerate(self.routers):
             router.gating = self._keep_logits(index, router.gating)
             router.register_forward_hook(self._observe(index))
@@ -58,7 +59,7 @@ class RouterStats:
     def _observe(self, index: int) -> Any:
         def hook(router: TopKRouter, inputs: Any, outputs: tuple[torch.Tensor, ...]) -> None:
             logits = self._logits.pop(index, None)
-            if logits is None or not router.training:
+            if logits is None or not router.training or not self._counting:
                 return
             routing_map = outputs[1]
             counts = routing_map.sum(0).double()
@@ -83,8 +84,11 @@ class RouterStats:
         forward, and by the micro batch's `tokens` (its per-token-loss convention, with a
         backward scale of 1 that its schedule sets after every forward): so the coefficient
         of this micro batch's forward is the recipe's times share / tokens. Its tracker
-        divides by the same coefficient, so logged values stay unscaled.
+        divides by the same coefficient, so logged values stay unscaled. A micro batch of
+        share 0 (one that trains nothing, run only for the exchange under expert parallelism)
+        is left out of the step's metrics as well.
         """
+        self._counting = share > 0
         for router, (aux, z) in zip(self.routers, self._coefs, strict=True):
             if aux:
                 router.config.moe_aux_loss_coeff = aux * share / tokens

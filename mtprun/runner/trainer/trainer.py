@@ -40,6 +40,7 @@ from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.lora import attach_lora
+from mtprun.runner.trainer.micro_batches import as_many_as_expert_ranks, trained_sequences
 from mtprun.runner.trainer.mixed_precision import MegatronMixedPrecision
 from mtprun.runner.trainer.model import (
     MTP_PREFIX,
@@ -186,6 +187,9 @@ class Trainer:
         """
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
+        if self.ep_size > 1:
+            group = parallel_state.get_expert_model_parallel_group()
+            micro_batches = as_many_as_expert_ranks(micro_batches, group, self.device)
         self.model.train()
         self._zero_grad()
         if self.replay is not None:
@@ -195,7 +199,7 @@ class Trainer:
             [
                 sum(mb.num_tokens for mb in micro_batches),
                 sum(trained),
-                sum(_trained_sequences(mb) for mb in micro_batches),
+                sum(trained_sequences(mb) for mb in micro_batches),
             ]
         )
         # Sequence means (seq-mean-* aggregations) over the step's sequences: each micro
@@ -204,11 +208,14 @@ class Trainer:
         # Each micro batch's loss is the token mean over this rank's share of its tokens,
         # so it weighs by that share's trained tokens; the context-parallel ranks' shares
         # add up to the micro batch. A micro batch without trained tokens teaches nothing;
-        # every rank skips it alike (shares of it may be empty on some ranks only).
+        # every rank of its replica skips it alike (shares of it may be empty on some ranks
+        # only), but not under expert parallelism, where other replicas' ranks exchange
+        # tokens with it at every MoE layer: it runs there, at weight 0.
+        exchanged = self.ep_size > 1 and total > 0
         shares = [
-            (mb, int(self._shard(mb).local_sum(mb.loss_mask)) / total, rate)
+            (mb, int(self._shard(mb).local_sum(mb.loss_mask)) / max(total, 1), rate)
             for mb, count in zip(micro_batches, trained, strict=True)
-            if count
+            if count or exchanged
         ]
         reports = run_micro_batches(self.model, shares, self._train_micro_batch)
         sums: dict[str, Any] = dict.fromkeys(("loss", *self.plan.metrics), 0.0)
@@ -526,14 +533,6 @@ def moe_options(recipe: Recipe) -> MoEOptions:
         aux_loss_coef=coefs.get("router_aux", 0.0),
         z_loss_coef=coefs.get("router_z", 0.0),
     )
-
-
-def _trained_sequences(batch: PackedBatch) -> int:
-    """Sequences of the packed row with at least one trained token."""
-    bounds = batch.cu_seqlens.long()
-    trained = batch.loss_mask.long().cumsum(0)
-    trained_before = torch.cat([trained.new_zeros(1), trained])
-    return int((trained_before[bounds[1:]] > trained_before[bounds[:-1]]).sum())
 
 
 def _check_mtp_layers(shape: ModelShape, plan: HeadPlan, model_dir: Path) -> None:
