@@ -136,10 +136,11 @@ def _uneven_batches(vocab: int) -> list:
 
 
 def _two_steps(model_dir, layout, batches):
+    """Two steps on `batches`: the metrics, the weights, and the last batch's log-probs."""
     recipe = make_recipe(model_dir, parallel=layout, trainer=ADAMW)
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
     metrics = [trainer.train_step(batches) for _ in range(2)]
-    return metrics, trainer.hf_state_dict()
+    return metrics, trainer.hf_state_dict(), trainer.logprobs(batches)[-1]
 
 
 @pytest.mark.slow
@@ -149,11 +150,14 @@ def test_expert_parallel_replicas_with_uneven_micro_batches_train_like_one_proce
     """dp = 2, ep = 2 whose replicas train 3 and 1 micro batches, one of them without trained
     tokens: every rank runs as many (the short one copies of its last, which train nothing)
     and none skips one that another exchanges tokens with at its MoE layer (each would leave
-    the other rank's all-to-all without a peer). Losses, gradient norms, routing metrics and
-    weights equal one process training the four."""
-    two, two_weights = gloo_pool().run({"dp": 2, "ep": 2}, _uneven_replicas_job, moe_dir)[-1]
+    the other rank's all-to-all without a peer); so do their log-probs. Losses, gradient
+    norms, routing metrics, weights and the last batch's log-probs equal one process training
+    the four."""
+    job = _uneven_replicas_job
+    two, two_weights, two_logprobs = gloo_pool().run({"dp": 2, "ep": 2}, job, moe_dir)[-1]
     vocab = ModelShape.from_model_dir(moe_dir).vocab
-    one, one_weights = _two_steps(moe_dir, {}, _uneven_batches(vocab))
+    one, one_weights, one_logprobs = _two_steps(moe_dir, {}, _uneven_batches(vocab))
+    torch.testing.assert_close(two_logprobs, one_logprobs, rtol=1e-4, atol=1e-5)
     for step1, step2 in zip(one, two, strict=True):
         for name in ("loss", "grad_norm", "trained_tokens", "moe/load_max_over_mean"):
             assert step2[name] == pytest.approx(step1[name], rel=1e-4), name

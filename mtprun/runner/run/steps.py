@@ -92,9 +92,9 @@ def grpo_step(
         metrics.update(colocation.to_trainer())
     tick = time.perf_counter()
     if recipe.rollout.recompute_logprobs:
-        recompute_old_logprobs(trainer, batches)
+        recompute_old_logprobs(trainer, batches, replica_of)
     if stage.needs_reference:
-        references = trainer.logprobs(batches, reference=True)
+        references = trainer.logprobs(batches, reference=True, replica_of=replica_of)
         for batch, ref in zip(batches, references, strict=True):
             batch.ref_logprobs = ref
     logprob_s = time.perf_counter() - tick
@@ -205,11 +205,14 @@ def _linear_length(recipe: Recipe) -> float:
     return _LINEAR_LENGTHS[key]
 
 
-def recompute_old_logprobs(trainer: TrainerGroup, batches: list[PackedBatch]) -> None:
+def recompute_old_logprobs(
+    trainer: TrainerGroup, batches: list[PackedBatch], replica_of: list[int] | None = None
+) -> None:
     """The trainer's own log-probs of the sampled tokens, under the policy about to be updated,
     become the old log-probs; the engines' become the sampler log-probs (truncated IS, the
-    logprob_mismatch metric)."""
-    for batch, old in zip(batches, trainer.logprobs(batches), strict=True):
+    logprob_mismatch metric). Each replica computes those of the batches it trains
+    (`replica_of`)."""
+    for batch, old in zip(batches, trainer.logprobs(batches, replica_of=replica_of), strict=True):
         batch.sampler_logprobs = batch.old_logprobs
         batch.old_logprobs = old
 

@@ -1,6 +1,7 @@
 """The trainer ranks as one object: every call goes to all ranks at once (their collectives
-must meet). The last rank answers for losses and log-probs (it holds the last pipeline stage,
-where they are computed); rank 0 holds the gathered weights.
+must meet). The last rank answers for losses (it holds the last pipeline stage, where they are
+computed), each data-parallel replica's last rank for the log-probs of its share of the
+batches; rank 0 holds the gathered weights.
 
 A rank whose process dies (OOM kill, lost node) surfaces as TrainerDied as soon as Ray
 notices, even while the other ranks wait for it in a collective: the driver then starts a new
@@ -121,8 +122,27 @@ class TrainerGroup:
             self.version += 1
         return metrics
 
-    def logprobs(self, batches: list[Any], reference: bool = False) -> list[Any]:
-        return self._all("logprobs", batches, reference)[-1]
+    def logprobs(
+        self, batches: list[Any], reference: bool = False, replica_of: list[int] | None = None
+    ) -> list[Any]:
+        """Per batch its [T] log-probs (the policy's, or the frozen reference's). Each
+        data-parallel replica computes those of its own batches, replica_of[i] (the ones it
+        trains; by default i % dp); its last rank, of the last pipeline stage, answers."""
+        if replica_of is None:
+            replica_of = [i % self.dp for i in range(len(batches))]
+        shares = [
+            [b for b, r in zip(batches, replica_of, strict=True) if r == d] for d in range(self.dp)
+        ]
+        if not all(shares):  # fewer batches than replicas: every replica computes them all
+            return self._all("logprobs", batches, reference)[-1]
+        with self.lock:
+            refs = [
+                actor.logprobs.remote(shares[d], reference)
+                for actor, d in zip(self.actors, self.replica, strict=True)
+            ]
+            answers = dict(zip(self.replica, self._gather(refs), strict=True))  # last rank wins
+        own = {d: iter(answers[d]) for d in range(self.dp)}
+        return [next(own[d]) for d in replica_of]
 
     def weights_ref(self) -> Any:
         """ObjectRef of rank 0's weight-sync payload (the full HF weights, or with LoRA the

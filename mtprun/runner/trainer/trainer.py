@@ -250,14 +250,20 @@ class Trainer:
     def logprobs(self, batches: list[PackedBatch]) -> list[torch.Tensor]:
         """Per batch, the [T] log-prob of each target under the current policy, 0 where
         loss_mask is False (for old and reference log-probs). Only the last pipeline stage
-        has them; the other stages return []."""
+        has them; the other stages return []. Under expert parallelism the batches are
+        padded to the expert-parallel group's count (`as_many_as_expert_ranks`) and the
+        padding's log-probs dropped."""
         self.model.eval()
-        reports = run_micro_batches(self.model, batches, self._logprob_micro_batch, True)
+        padded = batches
+        if self.ep_size > 1 and batches:
+            group = parallel_state.get_expert_model_parallel_group()
+            padded = as_many_as_expert_ranks(batches, group, self.device)
+        reports = run_micro_batches(self.model, padded, self._logprob_micro_batch, True)
         if not reports:
             return []
         return [
             self._gather_row(report["logprobs"], self._shard(batch))
-            for batch, report in zip(batches, reports, strict=True)
+            for batch, report in zip(batches, reports[: len(batches)], strict=True)
         ]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
