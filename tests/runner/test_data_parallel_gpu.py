@@ -65,7 +65,7 @@ def _assert_trains_like_one_process(model_dir, layout, rank_steps, untrained, we
     one, one_weights = _three_steps(model_dir, {}, both, untrained)
     for two, two_weights in ranks:
         for step, (want, got) in enumerate(zip(one, two, strict=True)):
-            for name in ("loss", "grad_norm", "trained_tokens"):
+            for name in ("loss", "grad_norm", "tokens", "trained_tokens"):
                 assert got[name] == pytest.approx(want[name], rel=5e-3), (step, name)
         # Another summation order may flip the sign of a near-zero gradient, and Adam's first
         # steps move that weight by +-lr: a few elements differ by ~2 lr, the rest by bf16 ulps.

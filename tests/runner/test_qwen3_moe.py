@@ -159,7 +159,7 @@ def test_expert_parallel_replicas_with_uneven_micro_batches_train_like_one_proce
     one, one_weights, one_logprobs = _two_steps(moe_dir, {}, _uneven_batches(vocab))
     torch.testing.assert_close(two_logprobs, one_logprobs, rtol=1e-4, atol=1e-5)
     for step1, step2 in zip(one, two, strict=True):
-        for name in ("loss", "grad_norm", "trained_tokens", "moe/load_max_over_mean"):
+        for name in ("loss", "grad_norm", "tokens", "trained_tokens", "moe/load_max_over_mean"):
             assert step2[name] == pytest.approx(step1[name], rel=1e-4), name
     for name, tensor in one_weights.items():
         torch.testing.assert_close(two_weights[name], tensor, rtol=1e-3, atol=1e-4)

@@ -187,9 +187,6 @@ class Trainer:
         """
         if not micro_batches:
             raise ValueError("train_step needs at least one micro batch")
-        if self.ep_size > 1:
-            group = parallel_state.get_expert_model_parallel_group()
-            micro_batches = as_many_as_expert_ranks(micro_batches, group, self.device)
         self.model.train()
         self._zero_grad()
         if self.replay is not None:
@@ -202,6 +199,10 @@ class Trainer:
                 sum(trained_sequences(mb) for mb in micro_batches),
             ]
         )
+        if self.ep_size > 1:  # the padding adds no token to the step's counts above
+            group = parallel_state.get_expert_model_parallel_group()
+            micro_batches = as_many_as_expert_ranks(micro_batches, group, self.device)
+            trained += [0] * (len(micro_batches) - len(trained))
         # Sequence means (seq-mean-* aggregations) over the step's sequences: each micro
         # batch counts its sequences at the step's rate (HeadInputs.build tokens_per_sequence).
         rate = total / max(sequences, 1)
@@ -213,7 +214,7 @@ class Trainer:
         # tokens with it at every MoE layer: it runs there, at weight 0.
         exchanged = self.ep_size > 1 and total > 0
         shares = [
-            (mb, int(self._shard(mb).local_sum(mb.loss_mask)) / max(total, 1), rate)
+            (mb, int(self._shard(mb).local_sum(mb.loss_mask)) / total, rate)
             for mb, count in zip(micro_batches, trained, strict=True)
             if count or exchanged
         ]
