@@ -100,14 +100,7 @@ class TrainerGroup:
     ) -> dict[str, float]:
         """One optimizer step; micro batch i goes to data-parallel replica replica_of[i]
         (`mtprun.data.balance`), by default i % dp: replica d trains micro batches d, d+dp, ..."""
-        if replica_of is None:
-            replica_of = [i % self.dp for i in range(len(micro_batches))]
-        if len(replica_of) != len(micro_batches):
-            raise ValueError(f"{len(replica_of)} replicas for {len(micro_batches)} micro batches")
-        shares = [
-            [mb for mb, r in zip(micro_batches, replica_of, strict=True) if r == d]
-            for d in range(self.dp)
-        ]
+        _, shares = self._shares(micro_batches, replica_of)
         if not all(shares):
             raise ValueError(
                 f"{len(micro_batches)} micro batches for {self.dp} data-parallel replicas: "
@@ -128,11 +121,7 @@ class TrainerGroup:
         """Per batch its [T] log-probs (the policy's, or the frozen reference's). Each
         data-parallel replica computes those of its own batches, replica_of[i] (the ones it
         trains; by default i % dp); its last rank, of the last pipeline stage, answers."""
-        if replica_of is None:
-            replica_of = [i % self.dp for i in range(len(batches))]
-        shares = [
-            [b for b, r in zip(batches, replica_of, strict=True) if r == d] for d in range(self.dp)
-        ]
+        replica_of, shares = self._shares(batches, replica_of)
         if not all(shares):  # fewer batches than replicas: every replica computes them all
             return self._all("logprobs", batches, reference)[-1]
         with self.lock:
@@ -143,6 +132,20 @@ class TrainerGroup:
             answers = dict(zip(self.replica, self._gather(refs), strict=True))  # last rank wins
         own = {d: iter(answers[d]) for d in range(self.dp)}
         return [next(own[d]) for d in replica_of]
+
+    def _shares(
+        self, batches: list[Any], replica_of: list[int] | None
+    ) -> tuple[list[int], list[list[Any]]]:
+        """The replica of each batch (`replica_of`, by default i % dp) and each replica's
+        batches, in order."""
+        if replica_of is None:
+            replica_of = [i % self.dp for i in range(len(batches))]
+        if len(replica_of) != len(batches):
+            raise ValueError(f"{len(replica_of)} replicas for {len(batches)} micro batches")
+        shares: list[list[Any]] = [[] for _ in range(self.dp)]
+        for batch, replica in zip(batches, replica_of, strict=True):
+            shares[replica].append(batch)
+        return replica_of, shares
 
     def weights_ref(self) -> Any:
         """ObjectRef of rank 0's weight-sync payload (the full HF weights, or with LoRA the

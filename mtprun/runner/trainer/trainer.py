@@ -199,10 +199,9 @@ class Trainer:
                 sum(trained_sequences(mb) for mb in micro_batches),
             ]
         )
-        if self.ep_size > 1:  # the padding adds no token to the step's counts above
-            group = parallel_state.get_expert_model_parallel_group()
-            micro_batches = as_many_as_expert_ranks(micro_batches, group, self.device)
-            trained += [0] * (len(micro_batches) - len(trained))
+        # The padding adds no token to the step's counts above.
+        micro_batches = self._as_many_as_expert_ranks(micro_batches)
+        trained += [0] * (len(micro_batches) - len(trained))
         # Sequence means (seq-mean-* aggregations) over the step's sequences: each micro
         # batch counts its sequences at the step's rate (HeadInputs.build tokens_per_sequence).
         rate = total / max(sequences, 1)
@@ -255,10 +254,7 @@ class Trainer:
         padded to the expert-parallel group's count (`as_many_as_expert_ranks`) and the
         padding's log-probs dropped."""
         self.model.eval()
-        padded = batches
-        if self.ep_size > 1 and batches:
-            group = parallel_state.get_expert_model_parallel_group()
-            padded = as_many_as_expert_ranks(batches, group, self.device)
+        padded = self._as_many_as_expert_ranks(batches)
         reports = run_micro_batches(self.model, padded, self._logprob_micro_batch, True)
         if not reports:
             return []
@@ -266,6 +262,13 @@ class Trainer:
             self._gather_row(report["logprobs"], self._shard(batch))
             for batch, report in zip(batches, reports[: len(batches)], strict=True)
         ]
+
+    def _as_many_as_expert_ranks(self, batches: list[PackedBatch]) -> list[PackedBatch]:
+        """`batches` padded to the expert-parallel group's count, if there is one to pad."""
+        if self.ep_size == 1 or not batches:
+            return batches
+        group = parallel_state.get_expert_model_parallel_group()
+        return as_many_as_expert_ranks(batches, group, self.device)
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF-named tensors (gathered over TP and pipeline stages) for vLLM weight sync
