@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mtprun.runner.run.tiny_folder import CACHE_ENV, cache_root, tiny_key, tiny_model_folder
+from mtprun.runner.cache import CACHE_ENV, cache_root
+from mtprun.runner.run.tiny_folder import tiny_key, tiny_model_folder
 from mtprun.spec.model import TinyModel
 
 from .conftest import TINY

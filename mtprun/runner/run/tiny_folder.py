@@ -5,9 +5,8 @@ that builds it and the libraries that write it, so a run builds it once and late
 (building costs ~7 CPU-seconds, most of it importing transformers' model classes; a copy, a
 few milliseconds). The cache key hashes all of those. A folder is built in a scratch directory
 of the cache and renamed into place, so a crash mid-build leaves no entry and two runs
-building the same key at once keep one. The cache lives in `$MTPRUN_CACHE_DIR/tiny`
-(default `$XDG_CACHE_HOME/mtprun`, or `~/.cache/mtprun`); `MTPRUN_CACHE_DIR=` (empty) turns
-it off, and a cache that cannot be written is skipped with a warning.
+building the same key at once keep one. The cache lives in `tiny/` of mtprun's cache
+directory (`mtprun.runner.cache`); a cache that cannot be written is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -15,18 +14,17 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import mtprun
 from mtprun.data.tokenizer import build_tokenizer
+from mtprun.runner.cache import cache_root
 from mtprun.spec.model import TinyModel
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "MTPRUN_CACHE_DIR"
 # The code a tiny folder comes from: the model builders and the tokenizer with its templates.
 _BUILDER_SOURCES = ("models", "data/tokenizer.py", "data/templates", "spec/model.py")
 _LIBRARIES = ("torch", "transformers", "safetensors", "tokenizers")
@@ -49,15 +47,6 @@ def tiny_model_folder(spec: TinyModel, template: str, seed: int, target: Path) -
         log.info("tiny %s model from the cache: %s", spec.architecture, entry)
     shutil.copytree(entry, target, dirs_exist_ok=True)
     return target
-
-
-def cache_root() -> Path | None:
-    """The cache directory (see the module docstring), None when turned off."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured is not None:
-        return Path(configured).expanduser() if configured else None
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "mtprun"
 
 
 def tiny_key(spec: TinyModel, template: str, seed: int) -> str:

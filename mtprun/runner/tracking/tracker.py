@@ -18,6 +18,7 @@ from mlflow.exceptions import MlflowException
 
 from mtprun.runner.run_dir import RunDir
 from mtprun.runner.tracking.spool import Spool
+from mtprun.runner.tracking.sqlite_seed import seed_sqlite_store
 from mtprun.runner.tracking.writer import TrackingWriter, fail_fast_http
 
 # MLflow rejects param values longer than this; longer ones are cut and marked.
@@ -82,6 +83,7 @@ class Tracker:
     ) -> Tracker:
         """Create a new run. `artifact_root` places a new experiment's artifacts (local stores)."""
         fail_fast_http()
+        seed_sqlite_store(uri)
         client = MlflowClient(tracking_uri=uri)
         try:
             found = client.get_experiment_by_name(experiment)
