@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from mtprun.runner.net import check_listenable, free_port
+from mtprun.runner.tracking.sqlite_seed import seed_sqlite_store
 
 # The server's optional job runner (MLflow 3) is not used and would start workers of its own.
 _ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -52,6 +53,7 @@ class MlflowServer:
         health check in its place), RuntimeError (with the end of its log) when it exits or
         does not answer within `timeout_s`."""
         check_listenable(self.host, self.port)
+        seed_sqlite_store(self.store_uri)  # a new store without MLflow's migrations
         command = [
             *(sys.executable, "-m", "mlflow", "server", "--host", self.host),
             *("--port", str(self.port), "--workers", "1"),
