@@ -81,6 +81,7 @@ class Driver:
         self.saved_step = 0  # last checkpointed global step
         self.trainer: TrainerGroup | None = None
         self.pool: RolloutPool | None = None
+        self.pool_start_dir: Path | None = None  # the folder the pool's engines started from
         self.collector: EpisodeCollector | None = None  # the GRPO stage's episodes and rewards
         self.scorer: EpisodeScorer | None = None  # the collector's, started before the engines
         self.sync: WeightSync | None = None  # the trainer's weights into the pool's engines
@@ -216,14 +217,17 @@ class Driver:
             stage.last_step,
             resume_from or start_dir,
         )
-        if stage.kind == "grpo" and self.recipe.trainer.router_replay:
+        rl_stage = stage if stage.kind == "grpo" else self._next_rl_stage(stage)
+        if rl_stage is not None and self.recipe.trainer.router_replay:
             # Before the trainer loads: an engine that cannot return routings is known now.
             problem = routed_experts_problem(self.recipe.rollout)
             if problem is not None:
                 raise ValueError(f"trainer.router_replay: {problem}")
-        if stage.kind == "grpo" and self._engines_load_beside_trainer():
-            # vLLM's start-up (imports, load, compile) runs while the trainer loads.
-            self._launch_rollouts(stage, start_dir)
+        if rl_stage is not None and self.pool is None and self._engines_load_beside_trainer():
+            # vLLM's start-up (imports, load, compile) runs while the trainer loads and, for
+            # the RL stage after a warm start, while the warm start trains: from this stage's
+            # start folder, the RL stage's own weights pushed into them when it begins.
+            self._launch_rollouts(rl_stage, start_dir, version=stage.offset)
         self._prepare_trainer(stage, start_dir, resume_from)
         if stage.kind == "grpo":
             step_fn, generate = self._start_rollouts(stage, start_dir, resume_from)
@@ -243,7 +247,17 @@ class Driver:
                 break
             except TrainerDied as err:
                 died = err
-        self._stop_engines()
+        if stage.kind == "grpo":  # a warm start leaves the next stage's engines loading
+            self._stop_engines()
+
+    def _next_rl_stage(self, stage: Stage) -> Stage | None:
+        """The RL stage right after `stage`, if there is one whose engines may load during
+        `stage`: not under LoRA, whose syncs move the adapters alone (the engines serve the
+        RL stage's start folder as their base)."""
+        following = self.stages[self.stages.index(stage) + 1 :]
+        if not following or following[0].kind != "grpo" or self.recipe.model.lora is not None:
+            return None
+        return following[0]
 
     def _engines_load_beside_trainer(self) -> bool:
         """Whether the engines may start while the trainer loads: not where they can share
@@ -252,16 +266,17 @@ class Driver:
         assert self.placement is not None
         return not (self.placement.colocate or self.placement.fractional_gpus)
 
-    def _launch_rollouts(self, stage: Stage, start_dir: Path) -> None:
+    def _launch_rollouts(self, stage: Stage, start_dir: Path, version: int) -> None:
         """An RL stage's reward scorer and rollout engines started, loading while the driver
-        goes on (`self.pool.ready()` waits for the engines). Engines start from the stage's
-        start folder, which pruning never deletes: Ray restarts a dead engine with the same
-        arguments."""
+        goes on (`self.pool.ready()` waits for the engines). Engines start from `start_dir`
+        (policy `version`), a stage's start folder, which pruning never deletes: Ray restarts
+        a dead engine with the same arguments."""
         assert self.placement is not None
         self.scorer = self._start_scorer(stage)
         self.pool = RolloutPool.launch(
-            self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=stage.offset
+            self.recipe, start_dir, self.run_dir.vllm_dir, self.placement, version=version
         )
+        self.pool_start_dir = start_dir
 
     def _start_rollouts(
         self, stage: Stage, start_dir: Path, resume_from: Path | None
@@ -275,15 +290,17 @@ class Driver:
             if self.placement.colocate:
                 # The engines size their KV cache by the memory the trainer leaves them.
                 self.trainer.offload()
-            self._launch_rollouts(stage, start_dir)
+            self._launch_rollouts(stage, start_dir, version=stage.offset)
         self.pool.ready()
         log.info("rollout engines ready: pids %s", self.pool.pids)
         self.sync = WeightSync(weight_transfer_method(self.recipe), lambda: self.trainer, self.pool)
         if self.placement.colocate:
             colocation = self.colocation = Colocation(lambda: self.trainer, self.pool, self.sync)
         # With LoRA the engines serve the base alone until a sync brings the trainer's
-        # adapters, which model.lora.path makes nonzero from the start.
-        if resume_from is not None or stage.recipe.model.lora is not None:
+        # adapters, which model.lora.path makes nonzero from the start. Engines that loaded
+        # during the warm start hold its start's weights.
+        lora = stage.recipe.model.lora is not None
+        if resume_from is not None or lora or self.pool_start_dir != start_dir:
             self.sync.push()
         collector = self.collector = EpisodeCollector(
             stage.recipe, start_dir, self.pool, self.scorer
