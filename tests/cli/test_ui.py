@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from mtprun.cli import main
 from mtprun.runner.net import free_port
 from mtprun.runner.run_dir import RunDir
+from mtprun.runner.tracking.sqlite_seed import seed_sqlite_store
 
 MTPRUN = Path(sys.executable).parent / "mtprun"  # the installed console script
 
@@ -27,6 +28,7 @@ def _run_folder(root: Path) -> tuple[Path, str, str]:
     another so that its id is not the first; its state written by an mtprun without the
     experiment id in state.json: (folder, experiment id, run id)."""
     uri = f"sqlite:///{root / 'mlflow.db'}"
+    seed_sqlite_store(uri)  # as a run's store starts: without MLflow's migrations
     client = MlflowClient(uri)
     client.create_experiment("someone-else", artifact_location=str(root / "a0"))
     experiment_id = client.create_experiment("my-recipes", artifact_location=str(root / "a1"))
