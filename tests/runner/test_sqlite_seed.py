@@ -25,9 +25,15 @@ def _store(folder: Path) -> str:
 
 
 def _contents(uri: str) -> dict[str, object]:
-    """The schema, the migration version and the default experiment, without its times."""
+    """The schema, the migration version and the default experiment, without its times. A
+    table's definition as the set of its lines: the second store MLflow makes in a process
+    lists the runs table's constraints in another order than the first."""
     with sqlite3.connect(uri.removeprefix("sqlite:///")) as db:
-        schema = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+        rows = db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+        schema = [
+            (kind, name, sorted(line.strip().rstrip(",") for line in (sql or "").splitlines()))
+            for kind, name, sql in rows
+        ]
         version = db.execute("SELECT version_num FROM alembic_version").fetchall()
         default = db.execute(
             "SELECT experiment_id, name, artifact_location, lifecycle_stage FROM experiments"
