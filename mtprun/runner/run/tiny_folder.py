@@ -4,9 +4,8 @@ The folder is a function of the recipe's `model.tiny`, the chat template, the se
 that builds it and the libraries that write it, so a run builds it once and later runs copy it
 (building costs ~7 CPU-seconds, most of it importing transformers' model classes; a copy, a
 few milliseconds). The cache key hashes all of those. A folder is built in a scratch directory
-of the cache and renamed into place, so a crash mid-build leaves no entry and two runs
-building the same key at once keep one. The cache lives in `tiny/` of mtprun's cache
-directory (`mtprun.runner.cache`); a cache that cannot be written is skipped with a warning.
+of the cache and renamed into place (`mtprun.runner.cache.add_to_cache`). The cache lives in
+`tiny/` of mtprun's cache directory; a cache that cannot be written is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -15,12 +14,11 @@ import hashlib
 import importlib.metadata
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 
 import mtprun
 from mtprun.data.tokenizer import build_tokenizer
-from mtprun.runner.cache import cache_root
+from mtprun.runner.cache import add_to_cache, cache_root
 from mtprun.spec.model import TinyModel
 
 log = logging.getLogger(__name__)
@@ -39,7 +37,7 @@ def tiny_model_folder(spec: TinyModel, template: str, seed: int, target: Path) -
     entry = root / "tiny" / tiny_key(spec, template, seed)
     if not (entry / "config.json").exists():
         try:
-            _build_entry(spec, template, seed, entry)
+            add_to_cache(entry, lambda scratch: _build(spec, template, seed, scratch))
         except OSError as error:
             log.warning("tiny model cache %s not writable (%s): building in the run", root, error)
             return _build(spec, template, seed, target)
@@ -63,20 +61,6 @@ def tiny_key(spec: TinyModel, template: str, seed: int) -> str:
         for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
             digest.update(str(file.relative_to(package)).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()[:32]
-
-
-def _build_entry(spec: TinyModel, template: str, seed: int, entry: Path) -> None:
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".building-", dir=entry.parent))
-    try:
-        _build(spec, template, seed, scratch)
-        try:
-            scratch.rename(entry)
-        except OSError:
-            if not (entry / "config.json").exists():  # not a concurrent build's entry
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _build(spec: TinyModel, template: str, seed: int, target: Path) -> Path:

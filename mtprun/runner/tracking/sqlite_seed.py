@@ -3,8 +3,8 @@
 MLflow makes a new sqlite store's tables by running its schema migrations one by one, ~3 CPU
 seconds (6 s on a 2-core machine beside other work); every run folder holds a store of its
 own, so every run paid that before its first step. An empty store is made once per MLflow
-version, in `mlflow/` of mtprun's cache directory (`mtprun.runner.cache`), in a scratch file
-renamed into place (two runs making it at once keep one), and copied into each new run. The
+version, in `mlflow/` of mtprun's cache directory (`mtprun.runner.cache.add_to_cache`), and
+copied into each new run. The
 copy's default experiment (id 0, which MLflow makes with every store) gets the artifact
 location and time a store made by this process would have given it. Without a cache, or one
 that cannot be written, MLflow makes the store itself, as before.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import mlflow
 from mlflow.store.tracking import DEFAULT_LOCAL_FILE_AND_ARTIFACT_PATH
 from mlflow.utils.uri import append_to_uri_path, resolve_uri_if_local
 
-from mtprun.runner.cache import cache_root
+from mtprun.runner.cache import add_to_cache, cache_root
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ def seed_sqlite_store(uri: str) -> None:
     template = root / "mlflow" / f"empty-{mlflow.__version__}.db"
     try:
         if not template.exists():
-            _make_empty_store(template)
+            add_to_cache(template, _empty_store)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(template, path)
     except OSError as error:
@@ -52,17 +51,12 @@ def seed_sqlite_store(uri: str) -> None:
     _own_default_experiment(path)
 
 
-def _make_empty_store(template: Path) -> None:
+def _empty_store(scratch: Path) -> Path:
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-    template.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".making-", dir=template.parent))
-    try:
-        store = SqlAlchemyStore(f"{_SQLITE}{scratch / 'mlflow.db'}", str(scratch / "mlruns"))
-        store.engine.dispose()
-        (scratch / "mlflow.db").rename(template)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    store = SqlAlchemyStore(f"{_SQLITE}{scratch / 'mlflow.db'}", str(scratch / "mlruns"))
+    store.engine.dispose()
+    return scratch / "mlflow.db"
 
 
 def _own_default_experiment(path: Path) -> None:
