@@ -1,8 +1,7 @@
 """Packed attention: the FlexAttention block mask against the dense packed causal mask, its
-output and the padded-batch SDPA path's against a float64 reference (GQA, context-parallel
+output and the length groups' SDPA path's against a float64 reference (GQA, context-parallel
 shares), the context-parallel pieces' merged attention for every rank of a simulated group
-against the whole row's, when the padded layout is taken, and recomputation modes against
-none."""
+against the whole row's, how sequences are grouped, and recomputation modes against none."""
 
 from __future__ import annotations
 
@@ -15,17 +14,13 @@ from torch.nn.attention.flex_attention import flex_attention
 from mtprun.models import ModelShape
 from mtprun.runner.trainer.attention import (
     BLOCK,
-    PADDED_WORK_LIMIT,
-    PaddedRows,
     SequencePieces,
-    SequenceSpans,
     _merged_pieces,
-    _sdpa_padded,
-    _sdpa_spans,
     packed_block_mask,
     packed_causal_mask,
 )
 from mtprun.runner.trainer.context_parallel import TokenShard
+from mtprun.runner.trainer.length_groups import LengthGroups, grouped_attention
 from mtprun.runner.trainer.model import load_policy_model
 
 from .conftest import random_packed_batch
@@ -143,18 +138,16 @@ def _assert_matches_float64_masked_softmax(
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("lengths", [[64, 64, 64], [50, 64, 37, 60], [1, 8, 8]])
-def test_padded_sdpa_matches_float64_masked_softmax(lengths):
-    rows = PaddedRows.of(lengths, "cpu")
-    assert (rows.index is None) == (len(set(lengths)) == 1)
-    attend = partial(_sdpa_padded, rows=rows)
-    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths))
-
-
-@pytest.mark.parametrize("lengths", [[64], [50, 64, 37, 60], [1, 90, 8]])
-def test_per_sequence_sdpa_matches_float64_masked_softmax(lengths):
-    attend = partial(_sdpa_spans, spans=SequenceSpans.of(lengths))
-    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + 1)
+@pytest.mark.parametrize(
+    "lengths",
+    [[64, 64, 64], [50, 64, 37, 60], [1, 8, 8], [64], [1, 90, 8], [300, 40, 7, 90, 200, 5]],
+)
+@pytest.mark.parametrize("limit", [None, 0.0, 1.5, 100.0])
+def test_length_groups_match_float64_masked_softmax(lengths, limit):
+    # None: the estimate's pick; 0: every sequence alone; 100: the row one padded batch.
+    groups = LengthGroups.of(lengths, "cpu", limit)
+    attend = partial(grouped_attention, groups=groups)
+    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + int(limit or 7))
 
 
 def _simulated_context_parallel(q, k, v, cu_seqlens, cp):
@@ -218,40 +211,45 @@ def test_sequence_pieces_cut_the_local_chunks_at_sequence_starts():
         SequencePieces.of(cu_seqlens, [7, 5, 7], TokenShard(1, 2, 20), "cpu")
 
 
-def test_sequence_spans_are_the_rows_sequences():
-    assert SequenceSpans.of([5, 1, 3]).spans == ((0, 5), (5, 6), (6, 9))
-    assert SequenceSpans.of([5, 1, 3], own=(0, 2)).spans == ((0, 5), (6, 9))
+def test_sequences_group_by_length_within_the_padded_work_limit():
+    # Longest first; a sequence joins the open group while count * longest^2 stays within
+    # the limit of the group's sum(L^2). 16384 and 15004 pad to 2 * 16384^2 <= 1.5 * their
+    # work; 4000 would not, nor would 300 join 4000 and 3900.
+    groups = LengthGroups.of([300, 16384, 4000, 15004, 3900, 280], "cpu", limit=1.5)
+    assert groups.shapes == ((2, 300), (2, 16384), (2, 4000))
+    assert groups.slots == 2 * 300 + 2 * 16384 + 2 * 4000
+    # Slots: the 300, 280 (+20 padding) group first (row order of first members), then 16384
+    # and 15004 (+1380 padding), then 4000 and 3900 (+100 padding).
+    gather, scatter = groups.gather.tolist(), groups.scatter.tolist()
+    assert gather[:300] == list(range(300))
+    assert gather[300:600] == [*range(39588, 39868), *[0] * 20]
+    assert scatter[300] == 600 and scatter[20684] == 600 + 16384
+    assert all(gather[slot] == token for token, slot in enumerate(scatter))
 
 
-@pytest.mark.parametrize(
-    ("lengths", "own"),
-    [([300, 40, 7, 90, 200, 5], (0, 4)), ([20, 260, 33], (1,)), ([150, 9, 130], (0, 2))],
-)
-def test_long_sequences_by_sdpa_and_the_rest_by_flex_match_float64_masked_softmax(lengths, own):
-    # The spans' sequences through SDPA, the others (first, between, last) through
-    # FlexAttention's mask that leaves the spans out. Forward only: FlexAttention has no
-    # backward on the CPU (tests/kernels/test_packed_attention_gpu.py checks the gradients).
-    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    shard = TokenShard(0, 1, sum(lengths))
-    rest = packed_block_mask(cu_seqlens, shard, "cpu", skip=own)
-    seen = _block_mask_elements(rest)
-    dense = ~packed_causal_mask(cu_seqlens, shard, "cpu")[0, 0]
-    for i in own:  # the left-out sequences' rows and columns are seen by nobody
-        a, b = cu_seqlens[i].item(), cu_seqlens[i + 1].item()
-        dense[a:b], dense[:, a:b] = False, False
-    assert torch.equal(seen, dense)
-    attend = partial(_sdpa_spans, spans=SequenceSpans.of(lengths, own, rest))
-    _assert_matches_float64_masked_softmax(attend, lengths, seed=sum(lengths) + 2, grads=False)
+def test_equal_or_lone_sequences_in_row_order_are_the_row_itself():
+    assert LengthGroups.of([2048] * 4, "cpu") == LengthGroups(((4, 2048),), None, None)
+    lone = LengthGroups.of([4096, 64, 2048], "cpu", limit=0.0)
+    assert lone == LengthGroups(((1, 4096), (1, 64), (1, 2048)), None, None)
+    # Grouped out of row order, or padded: the slots are gathered.
+    assert LengthGroups.of([2048, 64, 2048], "cpu", limit=1.5).gather is not None
+    assert LengthGroups.of([2000, 2048, 1900], "cpu", limit=1.5).shapes == ((3, 2048),)
 
 
-def test_padded_layout_and_its_work_ratio():
-    assert PaddedRows.of([2048] * 4, "cpu") == PaddedRows(4, 2048, None)
-    assert PaddedRows.work_ratio([2048] * 4) == 1.0
-    close = PaddedRows.of([2000, 2048, 1900], "cpu")
-    assert (close.batch, close.length) == (3, 2048)
-    assert close.index[1999:2001].tolist() == [1999, 2048]
-    assert PaddedRows.work_ratio([2000, 2048, 1900]) < PADDED_WORK_LIMIT
-    assert PaddedRows.work_ratio([4096, 64, 64, 64]) > PADDED_WORK_LIMIT  # flex instead
+def test_the_grouping_of_least_estimated_work_is_taken():
+    # A long-tailed RL row: sequences of a few thousand tokens run alone on the row (a gather
+    # and padding would cost more than the calls they save).
+    long_tailed = [4626, 159, 561, 8177, 2768]
+    assert LengthGroups.of(long_tailed, "cpu").shapes == tuple((1, n) for n in long_tailed)
+    # Many short sequences: a few padded groups, gathered, not 160 calls.
+    short = [40 + (i * 37) % 120 for i in range(160)]
+    grouped = LengthGroups.of(short, "cpu")
+    assert len(grouped.shapes) <= 3 and grouped.gather is not None
+    assert sum(count for count, _ in grouped.shapes) == 160
+    # A long sequence and equal short ones after it: two groups, still the row itself.
+    assert LengthGroups.of([8000] + [150] * 50, "cpu") == LengthGroups(
+        ((1, 8000), (50, 150)), None, None
+    )
 
 
 def _grads(model_dir, recompute, batch):

@@ -7,15 +7,15 @@ queries of a context-parallel rank against the gathered keys of every rank
 (`PackedRows`), rotates q and k (one Triton launch on CUDA, `mtprun.kernels.rope`, instead of
 Megatron's eight unfused ops per tensor) and applies the mask:
 
-- CUDA, sequences of like lengths (no context parallelism): the row laid out as a [B, S_max]
-  batch (a free view when every sequence has S_max tokens, else a scatter into zeros whose
-  padding only follows real tokens, so causal attention never shows it to them) through
-  SDPA, which runs cuDNN's fused attention on Hopper: 1.5-1.8x faster than the packed
-  kernels torch ships (bench/packed_attention.py). Taken while the padded causal work
-  B * S_max^2 stays within PADDED_WORK_LIMIT of the packed work sum(L_i^2).
-- CUDA, a few sequences of unlike lengths (at most SPAN_LIMIT, no context parallelism): SDPA
-  once per sequence on its own slice of the row (`SequenceSpans`): neither padding nor a
-  mask, at cuDNN's speed, for a launch per sequence and layer.
+- CUDA, no context parallelism: the row's sequences in groups of like lengths
+  (`LengthGroups`), each group one causal SDPA call on a [count, length] batch, which runs
+  cuDNN's fused attention on Hopper; the grouping is the one of least estimated time among a
+  few padding limits (`mtprun.runner.trainer.length_groups`). Padding only follows real
+  tokens, so causal attention never shows it to them. A row of equal sequences is one group,
+  the row itself viewed as the batch; a long-tailed RL row runs its sequences each alone,
+  straight on the row; many short sequences run in a few gathered groups. On an H200 (16/8
+  heads of 128) this took 0.34-0.58x FlexAttention's time on the rows measured, which
+  FlexAttention ran at 6-300 TFLOP/s (bench/RESULTS.md, run 98).
 - CUDA, context parallelism, at most SPAN_LIMIT sequences in the row (`SequencePieces`): the
   local queries cut where a sequence meets one of the rank's two chunks; each piece attends
   the gathered keys of its sequence up to its end as a causal diagonal block and an unmasked
@@ -23,14 +23,11 @@ Megatron's eight unfused ops per tensor) and applies the mask:
   (`mtprun.kernels.merged_attention`): cuDNN's speed under context parallelism too, where
   FlexAttention takes 1.5-1.8x its time. float32 (cuDNN takes half precision only) takes
   FlexAttention's block mask instead.
-- CUDA, more sequences, some of at least LONG_SEQUENCE tokens (no context parallelism): the
-  long ones through SDPA each on their span, the others through FlexAttention with a block
-  mask that sees only them (`SequenceSpans` with `rest`): a long-tailed RL row spends most of
-  its attention work in its few long sequences.
-- CUDA otherwise: FlexAttention with a block mask built from the sequences' extents. Block
-  pairs that cross no sequence boundary and lie under the diagonal are full (no mask
-  evaluated), pairs in different sequences or above the diagonal are skipped, the rest
-  evaluate the mask per element. No [T, T] tensor exists; GQA is handled by the kernel.
+- CUDA, context parallelism with more sequences: FlexAttention with a block mask built from
+  the sequences' extents. Block pairs that cross no sequence boundary and lie under the
+  diagonal are full (no mask evaluated), pairs in different sequences or above the diagonal
+  are skipped, the rest evaluate the mask per element. No [T, T] tensor exists; GQA is
+  handled by the kernel.
 - CPU: an explicit boolean [1, 1, T_local, cp * width] mask through Megatron-core's local
   attention (unfused softmax; fine at the sizes a CPU trains).
 """
@@ -43,7 +40,6 @@ from itertools import accumulate
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
@@ -51,20 +47,12 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from mtprun.data.device_copy import to_device
 from mtprun.kernels.merged_attention import Piece, block_kernel, merged_attention
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_keys
+from mtprun.runner.trainer.length_groups import LengthGroups, grouped_attention
 
 BLOCK = 128  # FlexAttention's tile along queries and keys
-# Padded causal work over packed causal work up to which SDPA on a padded batch beats
-# FlexAttention on the packed row (flex takes 1.5-1.8x cuDNN's time for the same work).
-PADDED_WORK_LIMIT = 1.5
-# Sequences of a row up to which attention runs once per sequence. A few long sequences
-# gain cuDNN's speed (1.5B model, 16384-token rows of 2 sequences of 4-12k tokens: step
-# 0.54 -> 0.43 s on an H100); 9 sequences of ~2k were even with FlexAttention, 14 of ~300
-# took 1.8x its time (a launch per sequence and layer).
+# Sequences of a context-parallel row up to which its local queries run as pieces on cuDNN
+# (`SequencePieces`), beyond which FlexAttention takes the row.
 SPAN_LIMIT = 4
-# Sequences from which a row of more than SPAN_LIMIT runs each through SDPA on its own span,
-# the rest through FlexAttention: 4-12k-token sequences gained cuDNN's speed (above); at ~2k
-# the launch per sequence cost what cuDNN saved.
-LONG_SEQUENCE = 4096
 
 
 def _check_row_tokens(covered: int, shard: TokenShard) -> None:
@@ -92,11 +80,8 @@ class TokenLayout:
     key_pos: torch.Tensor
 
     @classmethod
-    def of(
-        cls, cu_seqlens: torch.Tensor, shard: TokenShard, device: Any, skip: tuple[int, ...] = ()
-    ) -> TokenLayout:
-        """The layout of `shard`'s tokens; the sequences numbered in `skip` (attended
-        elsewhere) are seen by no query and see nothing (query id -2, key id -1)."""
+    def of(cls, cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> TokenLayout:
+        """The layout of `shard`'s tokens."""
         # Expanded where the boundaries are (the host, from the trainer), then copied: on the
         # GPU, repeat_interleave reads its output size back from the device.
         lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
@@ -107,10 +92,6 @@ class TokenLayout:
         key = to_device(shard.key_positions(), device)
         key_seq = torch.where(key >= 0, seq_id[key.clamp(min=0)], -1)
         query_seq = seq_id[query]
-        if skip:
-            skipped = to_device(torch.tensor(skip), device)
-            query_seq = torch.where(torch.isin(query_seq, skipped), -2, query_seq)
-            key_seq = torch.where(torch.isin(key_seq, skipped), -1, key_seq)
         return cls(query_seq, query, key_seq, key)
 
     def visible(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -128,13 +109,10 @@ def packed_causal_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any)
     return (~layout.visible(q[:, None], k[None, :]))[None, None]
 
 
-def packed_block_mask(
-    cu_seqlens: torch.Tensor, shard: TokenShard, device: Any, skip: tuple[int, ...] = ()
-) -> BlockMask:
+def packed_block_mask(cu_seqlens: torch.Tensor, shard: TokenShard, device: Any) -> BlockMask:
     """The same mask as a FlexAttention BlockMask, built from per-block extents of sequence
-    ids and positions ([T/128, T/128] work, no [T, T] tensor). The sequences numbered in
-    `skip` are left out: their blocks are empty, their queries' outputs zero."""
-    layout = TokenLayout.of(cu_seqlens, shard, device, skip)
+    ids and positions ([T/128, T/128] work, no [T, T] tensor)."""
+    layout = TokenLayout.of(cu_seqlens, shard, device)
     q_seq, q_pos = _block_extents(layout.query_seq), _block_extents(layout.query_pos)
     # Padding keys get sequence id -1 and position -1: a block holding one is never full.
     k_seq, k_pos = _block_extents(layout.key_seq), _block_extents(layout.key_pos)
@@ -183,36 +161,11 @@ def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return count[None, None], order[None, None]
 
 
-@dataclass(frozen=True)
-class PaddedRows:
-    """A packed row's sequences as a [batch, length] batch: `index` [T] holds each packed
-    token's slot in the flattened batch, None when every sequence has `length` tokens (the
-    row is then the batch, viewed)."""
-
-    batch: int
-    length: int
-    index: torch.Tensor | None
-
-    @staticmethod
-    def work_ratio(lengths: list[int]) -> float:
-        """Causal attention work of the padded batch over that of the packed row, for
-        sequences of `lengths` tokens."""
-        return len(lengths) * max(lengths) ** 2 / sum(n * n for n in lengths)
-
-    @classmethod
-    def of(cls, lengths: list[int], device: Any) -> PaddedRows:
-        longest = max(lengths)
-        if all(n == longest for n in lengths):
-            return cls(len(lengths), longest, None)
-        slots = [torch.arange(n) + i * longest for i, n in enumerate(lengths)]
-        return cls(len(lengths), longest, to_device(torch.cat(slots), device))
-
-
 def packed_attention_mask(
     cu_seqlens: torch.Tensor, lengths: list[int], shard: TokenShard, device: torch.device
-) -> torch.Tensor | BlockMask | PaddedRows | SequenceSpans | SequencePieces:
-    """What `PackedAttention` takes on `device` (see the module docstring): a padded layout,
-    the sequences' spans or pieces, or a BlockMask on CUDA, a dense mask elsewhere.
+) -> torch.Tensor | BlockMask | LengthGroups | SequencePieces:
+    """What `PackedAttention` takes on `device` (see the module docstring): the sequences'
+    length groups or pieces, or a BlockMask on CUDA, a dense mask elsewhere.
     `lengths`: the sequences' lengths, read from `cu_seqlens` to the host once by the
     caller."""
     if torch.device(device).type != "cuda":
@@ -223,35 +176,9 @@ def packed_attention_mask(
         # most two cuDNN launches each, where spans take n launches.
         return SequencePieces.of(cu_seqlens, lengths, shard, device)
     if shard.size == 1:
-        if PaddedRows.work_ratio(lengths) <= PADDED_WORK_LIMIT:
-            return PaddedRows.of(lengths, device)
-        if len(lengths) <= SPAN_LIMIT:
-            return SequenceSpans.of(lengths)
-        own = tuple(i for i, n in enumerate(lengths) if n >= LONG_SEQUENCE)
-        if own:
-            rest = packed_block_mask(cu_seqlens, shard, device, skip=own)
-            return SequenceSpans.of(lengths, own, rest)
+        _check_row_tokens(sum(lengths), shard)
+        return LengthGroups.of(lengths, device)
     return packed_block_mask(cu_seqlens, shard, device)
-
-
-@dataclass(frozen=True)
-class SequenceSpans:
-    """(start, end) token spans of a packed row's sequences that attention takes one at a
-    time; with `rest`, the row's other sequences, whose attention runs through FlexAttention
-    under that block mask (which leaves the spans' sequences out)."""
-
-    spans: tuple[tuple[int, int], ...]
-    rest: BlockMask | None = None
-
-    @classmethod
-    def of(
-        cls, lengths: list[int], own: tuple[int, ...] | None = None, rest: BlockMask | None = None
-    ) -> SequenceSpans:
-        """The spans of the sequences numbered in `own` (every sequence if None)."""
-        spans = _sequence_spans(lengths)
-        if own is not None:
-            spans = tuple(spans[i] for i in own)
-        return cls(spans, rest)
 
 
 @dataclass(frozen=True)
@@ -302,7 +229,7 @@ class PackedRows:
     boundaries on the host, for token mixers that run along each sequence (Gated DeltaNet
     layers: their kernels plan from host boundaries without a device read)."""
 
-    mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans | SequencePieces
+    mask: torch.Tensor | BlockMask | LengthGroups | SequencePieces
     cos: torch.Tensor
     sin: torch.Tensor
     cu_seqlens: torch.Tensor | None = None
@@ -310,7 +237,7 @@ class PackedRows:
     @classmethod
     def of(
         cls,
-        mask: torch.Tensor | BlockMask | PaddedRows | SequenceSpans | SequencePieces,
+        mask: torch.Tensor | BlockMask | LengthGroups | SequencePieces,
         angles: torch.Tensor,
         cu_seqlens: torch.Tensor | None = None,
     ) -> PackedRows:
@@ -361,10 +288,8 @@ class PackedAttention(DotProductAttention):
             query, key = _rotate_qk(query, key, attention_mask.cos, attention_mask.sin)
             mask = attention_mask.mask
         # else: Megatron's own GPTModel.forward, which rotated q and k itself
-        if isinstance(mask, PaddedRows):
-            return _sdpa_padded(query, key, value, mask)
-        if isinstance(mask, SequenceSpans):
-            return _sdpa_spans(query, key, value, mask)
+        if isinstance(mask, LengthGroups):
+            return grouped_attention(query, key, value, mask)
         cp = parallel_state.get_context_parallel_world_size()
         if isinstance(mask, SequencePieces):
             group = parallel_state.get_context_parallel_group()
@@ -392,49 +317,6 @@ def _flex(query, key, value, mask: BlockMask) -> torch.Tensor:
     attend = _compiled_flex_attention() if q.is_cuda else flex_attention
     out = attend(q, k, v, block_mask=mask, enable_gqa=True)
     return out.permute(2, 0, 1, 3).flatten(2)
-
-
-def _sdpa_padded(query, key, value, rows: PaddedRows) -> torch.Tensor:
-    """[T, 1, heads, d] query, [T, 1, groups, d] keys/values -> [T, 1, heads * d], through
-    SDPA on the [B, S_max] layout of `rows` (causal; GQA by the kernel)."""
-
-    def batched(x: torch.Tensor) -> torch.Tensor:
-        x = x.squeeze(1)
-        if rows.index is not None:
-            slots = x.new_zeros(rows.batch * rows.length, *x.shape[1:])
-            x = slots.index_copy(0, rows.index, x)
-        return x.view(rows.batch, rows.length, *x.shape[1:]).transpose(1, 2)
-
-    q, k, v = (batched(t) for t in (query, key, value))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    out = out.transpose(1, 2).flatten(2).flatten(0, 1)
-    if rows.index is not None:
-        out = out.index_select(0, rows.index)
-    return out.unsqueeze(1)
-
-
-def _sdpa_spans(query, key, value, spans: SequenceSpans) -> torch.Tensor:
-    """[T, 1, heads, d] query, [T, 1, groups, d] keys/values -> [T, 1, heads * d], through
-    causal SDPA on each span of the row ([1, heads, n, d] views, GQA by the kernel), and
-    FlexAttention under `spans.rest` for the tokens between them."""
-    q, k, v = (t.squeeze(1).transpose(0, 1) for t in (query, key, value))  # [heads, T, d]
-    rest = None  # [heads, T, dv]: FlexAttention's output for the tokens outside the spans
-    if spans.rest is not None:
-        rest = _flex(query, key, value, spans.rest).squeeze(1).unflatten(1, (q.shape[0], -1))
-        rest = rest.transpose(0, 1)
-    outs, done = [], 0
-    for a, b in spans.spans:
-        if a > done:
-            outs.append(rest[:, done:a])
-        outs.append(
-            F.scaled_dot_product_attention(
-                q[None, :, a:b], k[None, :, a:b], v[None, :, a:b], is_causal=True, enable_gqa=True
-            )[0]
-        )
-        done = b
-    if done < q.shape[1]:
-        outs.append(rest[:, done:])
-    return torch.cat(outs, 1).transpose(0, 1).flatten(1).unsqueeze(1)
 
 
 def _merged_pieces(query, key, value, pieces: SequencePieces) -> torch.Tensor:
