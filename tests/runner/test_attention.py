@@ -140,7 +140,15 @@ def _assert_matches_float64_masked_softmax(
 
 @pytest.mark.parametrize(
     "lengths",
-    [[64, 64, 64], [50, 64, 37, 60], [1, 8, 8], [64], [1, 90, 8], [300, 40, 7, 90, 200, 5]],
+    [
+        [64, 64, 64],
+        [50, 64, 37, 60],
+        [1, 8, 8],
+        [64],
+        [1, 90, 8],
+        [300, 40, 7, 90, 200, 5],
+        [5, 0, 30, 0],  # empty sequences: in no group
+    ],
 )
 @pytest.mark.parametrize("limit", [None, 0.0, 1.5, 100.0])
 def test_length_groups_match_float64_masked_softmax(lengths, limit):

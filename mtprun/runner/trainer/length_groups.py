@@ -45,6 +45,8 @@ def _groups(lengths: list[int], limit: float) -> list[list[int]]:
     longest = work = 0
     for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
         n = lengths[i]
+        if n == 0:  # no tokens: no group (a call on an empty batch is not every kernel's)
+            continue
         if groups and (len(groups[-1]) + 1) * longest**2 <= limit * (work + n * n):
             groups[-1].append(i)
             work += n * n
