@@ -1,14 +1,18 @@
 """SFT under data parallelism: a step gives every data-parallel replica its own packed row, and
 the step trains like one process on all of them; each replica computes the log-probs of its own
-batches (through the real trainer group)."""
+batches, and rank 0 alone gathers the weights a sync moves and a checkpoint saves (through the
+real trainer group)."""
 
 from __future__ import annotations
 
 import pytest
+import ray
 import torch
+from safetensors.torch import load_file
 
 from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape
+from mtprun.runner.policy_folder import HF_FOLDER
 from mtprun.runner.run.sft_source import SftSource
 from mtprun.runner.run.stages import plan_stages
 from mtprun.runner.run.steps import sft_step
@@ -68,6 +72,10 @@ def test_sft_with_two_replicas_trains_like_one_process(
         policy = group.logprobs(batches, replica_of=REPLICA_OF)
         round_robin = group.logprobs(batches)
         reference = group.logprobs(batches, reference=True, replica_of=REPLICA_OF)
+        # Rank 0 gathers the sync payload and the saved folder alone (replica 1 skips).
+        synced = ray.get(group.weights_ref())
+        (tmp_path / "saved").mkdir()  # as a checkpoint's writer makes it
+        group.save(str(tmp_path / "saved"))
     finally:
         group.shutdown()
 
@@ -84,6 +92,10 @@ def test_sft_with_two_replicas_trains_like_one_process(
         assert got["train/grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
     trained = trainer.logprobs(batches)
     assert not torch.allclose(trained[0], initial[0])  # the steps moved the policy
+    saved = load_file(tmp_path / "saved" / HF_FOLDER / "model.safetensors")
+    for name, tensor in trainer.hf_state_dict().items():
+        torch.testing.assert_close(synced[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
     for got, want in ((policy, trained), (round_robin, trained), (reference, initial)):
         assert len(got) == len(batches)
         for g, w in zip(got, want, strict=True):

@@ -118,6 +118,34 @@ def data_parallel_replica(rank: int, parallel: Any) -> int:
     return (rank // (parallel.tp * parallel.cp)) % parallel.dp
 
 
+def ranks_gathering_for(root: int = 0) -> frozenset[int]:
+    """The trainer ranks whose whole-model gathers (over tensor-parallel, expert-parallel and
+    pipeline groups: `Trainer.hf_state_dict`) make `root`'s: `root`'s groups, and theirs
+    in turn. A data-parallel replica outside them holds a copy of weights `root` already
+    gathers: it need not gather at all for `root` to send them. A collective (one
+    all_gather_object of each rank's group members): every rank calls it."""
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return frozenset({0})
+    groups = [
+        parallel_state.get_tensor_model_parallel_group(),
+        parallel_state.get_pipeline_model_parallel_group(),
+    ]
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        groups.append(parallel_state.get_expert_model_parallel_group())
+    mine = [dist.get_process_group_ranks(group) for group in groups]
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    needed, frontier = {root}, [root]
+    while frontier:
+        for member in (r for group in everyone[frontier.pop()] for r in group):
+            if member not in needed:
+                needed.add(member)
+                frontier.append(member)
+    return frozenset(needed)
+
+
 def destroy_parallel() -> None:
     """Tear down Megatron's groups and the default process group (safe to call twice)."""
     from megatron.core import parallel_state

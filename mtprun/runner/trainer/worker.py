@@ -38,6 +38,8 @@ class TrainerWorker:
         self.transfer: Any = None  # rank 0: the weight-transfer store and group (TransferHost)
         self.offloaded: Any = None  # colocated: the state on the host while engines generate
         self.shared: Any = None  # colocated: the weights its engine maps (cuda_ipc)
+        # Whether rank 0's whole-model gathers need this rank (`ranks_gathering_for`).
+        self.gathers_for_rank0 = True
 
     def pid(self) -> int:
         """This rank's process id; answering at all says the process lives."""
@@ -51,9 +53,10 @@ class TrainerWorker:
 
     def setup(self, parallel: Any, seed: int, master_addr: str, master_port: int) -> int:
         """Join the process group; returns the process id (for logs)."""
-        from mtprun.runner.trainer.parallel import init_parallel
+        from mtprun.runner.trainer.parallel import init_parallel, ranks_gathering_for
 
         init_parallel(parallel, self.rank, self.world_size, master_addr, master_port, seed=seed)
+        self.gathers_for_rank0 = self.rank in ranks_gathering_for(0)
         return os.getpid()
 
     def build(self, recipe: Any, model_dir: str, plan_json: str, with_reference: bool) -> None:
@@ -80,8 +83,10 @@ class TrainerWorker:
             return model.logprobs(batches)
 
     def sync_weights(self) -> tuple[dict[str, torch.Tensor] | None, int]:
-        """Every rank gathers what a weight sync moves (`_sync_payload`); rank 0 returns it
-        and its bytes, the other ranks (None, 0)."""
+        """The ranks of rank 0's gathers gather what a weight sync moves (`_sync_payload`);
+        rank 0 returns it and its bytes, the other ranks (None, 0)."""
+        if not self.gathers_for_rank0:
+            return None, 0
         weights = self._sync_payload()
         if self.rank != 0:
             return None, 0
@@ -141,8 +146,10 @@ class TrainerWorker:
         self.transfer.form(generation, world_size)
 
     def send_weights(self) -> int | None:
-        """Every rank gathers what a weight sync moves (`_sync_payload`); rank 0 broadcasts it
-        to the engines and returns the bytes each one received."""
+        """The ranks of rank 0's gathers gather what a weight sync moves (`_sync_payload`);
+        rank 0 broadcasts it to the engines and returns the bytes each one received."""
+        if not self.gathers_for_rank0:
+            return None
         weights = self._sync_payload()
         return self.transfer.group.send(weights) if self.rank == 0 else None
 
@@ -154,6 +161,8 @@ class TrainerWorker:
         start = time.perf_counter()
         save_without_checksums(self.trainer.state_dict(), target / f"trainer_rank{self.rank}.pt")
         seconds = {"trainer state": time.perf_counter() - start}
+        if not self.gathers_for_rank0:  # rank 0 writes the folders from its gathers alone
+            return seconds
         start = time.perf_counter()
         weights = self.trainer.hf_state_dict()
         if self.rank == 0:
