@@ -119,11 +119,11 @@ def data_parallel_replica(rank: int, parallel: Any) -> int:
 
 
 def ranks_gathering_for(root: int = 0) -> frozenset[int]:
-    """The trainer ranks whose whole-model gathers (over tensor-parallel, expert-parallel and
-    pipeline groups: `Trainer.hf_state_dict`) make `root`'s: `root`'s groups, and theirs
-    in turn. A data-parallel replica outside them holds a copy of weights `root` already
-    gathers: it need not gather at all for `root` to send them. A collective (one
-    all_gather_object of each rank's group members): every rank calls it."""
+    """The trainer ranks that take part in `root`'s whole-model gather (`Trainer.hf_state_dict`,
+    over tensor-parallel, pipeline and expert-parallel groups): the members of `root`'s
+    groups, and of theirs in turn. A data-parallel replica outside them holds a copy of the
+    weights `root` gathers and need not gather at all. A collective (one all_gather_object
+    of each rank's group members): every rank calls it."""
     from megatron.core import parallel_state
 
     if not dist.is_initialized() or dist.get_world_size() == 1:

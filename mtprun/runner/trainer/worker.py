@@ -52,7 +52,8 @@ class TrainerWorker:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, parallel: Any, seed: int, master_addr: str, master_port: int) -> int:
-        """Join the process group; returns the process id (for logs)."""
+        """Join the process group and learn whether rank 0's whole-model gathers need this
+        rank; returns the process id (for logs)."""
         from mtprun.runner.trainer.parallel import init_parallel, ranks_gathering_for
 
         init_parallel(parallel, self.rank, self.world_size, master_addr, master_port, seed=seed)
