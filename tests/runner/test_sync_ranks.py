@@ -1,8 +1,9 @@
 """Which trainer ranks a weight sync needs (`ranks_gathering_for`): rank 0's tensor-parallel,
 pipeline and expert-parallel groups, closed under theirs. Under each layout, with only those
-ranks gathering, rank 0 holds the whole model exactly as one process does; a data-parallel
-replica outside them skips the gather (a rank wrongly left out would leave rank 0's
-collective waiting: the pool fails the call)."""
+ranks gathering and the stages' parts sent to rank 0 alone (`root_only`), rank 0 holds the
+whole model exactly as one process does and the other ranks nothing; a data-parallel replica
+outside them skips the gather (a rank wrongly left out would leave rank 0's collective
+waiting: the pool fails the call)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ LAYOUTS = {
     "dp2": ({"dp": 2}, [0]),
     "tp2dp2": ({"tp": 2, "dp": 2}, [0, 1]),
     "pp2dp2": ({"pp": 2, "dp": 2}, [0, 2]),
+    "tp2pp2": ({"tp": 2, "pp": 2}, [0, 1, 2, 3]),
     "dp4ep2": ({"dp": 4, "ep": 2}, [0, 1]),
     "tp2dp2ep2": ({"tp": 2, "dp": 2, "ep": 2}, [0, 1]),
 }
@@ -38,8 +40,8 @@ def _whole_model_job(rank: int, layout: dict[str, int], model_dir):
     recipe = make_recipe(model_dir, parallel=layout)
     trainer = Trainer(recipe, model_dir, compile_recipe(recipe), "cpu")
     needed = ranks_gathering_for(0)
-    weights = trainer.hf_state_dict() if rank in needed else None
-    return sorted(needed), weights if rank == 0 else None
+    weights = trainer.hf_state_dict(root_only=True) if rank in needed else None
+    return sorted(needed), weights
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -50,6 +52,9 @@ def test_only_the_ranks_of_rank_zeros_gathers_gather(megatron_tp1, moe_dir, name
     recipe = make_recipe(moe_dir)
     one = Trainer(recipe, moe_dir, compile_recipe(recipe), "cpu").hf_state_dict()
     weights = results[0][1]
+    assert [w for _, w in results[1:]] == [
+        {} if r in expected else None for r in range(1, len(results))
+    ]
     assert weights.keys() == one.keys()
     for key, tensor in one.items():
         torch.testing.assert_close(weights[key], tensor, rtol=0, atol=0, msg=key)

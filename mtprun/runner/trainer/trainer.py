@@ -32,11 +32,9 @@ from mtprun.models.lora import is_adapter, merge_lora, peft_name
 from mtprun.models.pp_layout import (
     PipelineStage,
     copies_mtp_embedding,
-    global_tensors,
     is_tied_copy,
     splits_tied_embedding,
 )
-from mtprun.models.tp_layout import gather_state_dict
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.lora import attach_lora
@@ -54,6 +52,7 @@ from mtprun.runner.trainer.pipeline import run_micro_batches
 from mtprun.runner.trainer.replay import ReplayRouting, routed_experts_of
 from mtprun.runner.trainer.routing import RouterStats
 from mtprun.runner.trainer.teacher import Teacher
+from mtprun.runner.trainer.whole_model import gather_whole_model
 from mtprun.spec.recipe import Recipe
 
 log = logging.getLogger("mtprun")
@@ -270,39 +269,26 @@ class Trainer:
         group = parallel_state.get_expert_model_parallel_group()
         return as_many_as_expert_ranks(batches, group, self.device)
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full HF-named tensors (gathered over TP and pipeline stages) for vLLM weight sync
-        and HF export; with LoRA the adapters merged into their weights. Every process of the
+    def hf_state_dict(self, root_only: bool = False) -> dict[str, torch.Tensor]:
+        """Full HF-named tensors (gathered over TP, EP and pipeline stages) for vLLM weight
+        sync and HF export; with LoRA the adapters merged into their weights. With
+        `root_only` rank 0 alone gets them (the others {}). Every process of the
         model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
-        full = self._gather_whole_model(local)
+        full = gather_whole_model(local, self.shape, self.stage, root_only)
+        if not full:
+            return {}
         if self.recipe.model.lora is not None:  # merged: W + scaling B A
             full = merge_lora(full, self.shape, self.recipe.model.lora.scaling)
         return megatron_to_hf(full, self.shape)
 
-    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        """The LoRA adapters alone, whole (gathered over TP and pipeline stages) and under
+    def adapter_state_dict(self, root_only: bool = False) -> dict[str, torch.Tensor]:
+        """The LoRA adapters alone, whole (gathered as `hf_state_dict` gathers) and under
         PEFT's names (`mtprun.models.lora.peft_name`), as `adapter_model.safetensors` holds
         them. Every process of the model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if is_adapter(n)}
-        return {peft_name(n): t for n, t in self._gather_whole_model(local).items()}
-
-    def _gather_whole_model(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This process's tensors `local` -> whole-model tensors under whole-model names,
-        gathered over TP, EP and pipeline stages."""
-        full = gather_state_dict(local, self.tp_size, self.tp_group)
-        if self.ep_size > 1:
-            group = parallel_state.get_expert_model_parallel_group()
-            full = ep_layout.gather_state_dict(full, self.ep_size, group)
-        full = global_tensors(full, self.shape, self.stage)
-        if self.stage.size > 1:
-            parts: list[Any] = [None] * self.stage.size
-            mine = {name: t.cpu() for name, t in full.items()}
-            dist.all_gather_object(
-                parts, mine, group=parallel_state.get_pipeline_model_parallel_group()
-            )
-            full = {name: t for part in parts for name, t in part.items()}
-        return full
+        full = gather_whole_model(local, self.shape, self.stage, root_only)
+        return {peft_name(n): t for n, t in full.items()}
 
     def _zero_grad(self) -> None:
         if self.mixed is not None:

@@ -88,17 +88,18 @@ class TrainerWorker:
         rank 0 returns it and its bytes, the other ranks (None, 0)."""
         if not self.gathers_for_rank0:
             return None, 0
-        weights = self._sync_payload()
+        weights = self._sync_payload(root_only=True)
         if self.rank != 0:
             return None, 0
         return weights, sum(t.numel() * t.element_size() for t in weights.values())
 
-    def _sync_payload(self) -> dict[str, torch.Tensor]:
+    def _sync_payload(self, root_only: bool) -> dict[str, torch.Tensor]:
         """The full HF weights, or with LoRA the adapters alone under PEFT's names: the engines
-        serve the frozen base they started from with them. A collective: every rank calls it."""
+        serve the frozen base they started from with them; with `root_only` on rank 0 alone.
+        A collective over the ranks of the gather."""
         if self.trainer.recipe.model.lora is not None:
-            return self.trainer.adapter_state_dict()
-        return self.trainer.hf_state_dict()
+            return self.trainer.adapter_state_dict(root_only)
+        return self.trainer.hf_state_dict(root_only)
 
     def offload(self) -> tuple[float, int]:
         """Colocated: optimizer state to the host, gradients released, while the engine on
@@ -123,7 +124,7 @@ class TrainerWorker:
         each one serves its own engine). Kept until `release_shared`."""
         from mtprun.runner.cuda_ipc import SharedWeights
 
-        self.shared = SharedWeights(self._sync_payload())
+        self.shared = SharedWeights(self._sync_payload(root_only=False))
         return self.shared.handles, self.shared.nbytes
 
     def release_shared(self) -> None:
@@ -151,7 +152,7 @@ class TrainerWorker:
         rank 0 broadcasts it to the engines and returns the bytes each one received."""
         if not self.gathers_for_rank0:
             return None
-        weights = self._sync_payload()
+        weights = self._sync_payload(root_only=True)
         return self.transfer.group.send(weights) if self.rank == 0 else None
 
     def save(self, folder: str) -> dict[str, float]:
@@ -165,12 +166,12 @@ class TrainerWorker:
         if not self.gathers_for_rank0:  # rank 0 writes the folders from its gathers alone
             return seconds
         start = time.perf_counter()
-        weights = self.trainer.hf_state_dict()
+        weights = self.trainer.hf_state_dict(root_only=True)
         if self.rank == 0:
             save_hf_folder(weights, self.model_dir, target / HF_FOLDER)
         lora = self.trainer.recipe.model.lora
         if lora is not None:
-            adapters = self.trainer.adapter_state_dict()
+            adapters = self.trainer.adapter_state_dict(root_only=True)
             if self.rank == 0:
                 base = str(self.model_dir.resolve())
                 save_peft_adapter(adapters, lora, base, target / ADAPTER_FOLDER)

@@ -1,0 +1,55 @@
+"""A trainer rank's tensors gathered into the whole model's (weight syncs, exports,
+checkpoints' HF folders): over the tensor-parallel group, then the expert-parallel group,
+renamed from the stage's layer numbers to the whole model's, then over pipeline stages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from mtprun.models import ModelShape, ep_layout
+from mtprun.models.pp_layout import PipelineStage, global_tensors
+from mtprun.models.tp_layout import gather_state_dict
+
+
+def gather_whole_model(
+    local: dict[str, torch.Tensor], shape: ModelShape, stage: PipelineStage, root_only: bool
+) -> dict[str, torch.Tensor]:
+    """This rank's tensors `local` -> whole-model tensors under whole-model names. Every rank
+    gets them, or with `root_only` trainer rank 0 alone (the others {}): the stages' parts
+    then travel to rank 0 only, and a pipeline group without rank 0 does not exchange them
+    at all. A collective over this rank's TP, EP and pipeline groups."""
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    full = gather_state_dict(local, tp_size, parallel_state.get_tensor_model_parallel_group())
+    ep_size = parallel_state.get_expert_model_parallel_world_size()
+    if ep_size > 1:
+        group = parallel_state.get_expert_model_parallel_group()
+        full = ep_layout.gather_state_dict(full, ep_size, group)
+    full = global_tensors(full, shape, stage)
+    if stage.size > 1:
+        full = _gather_stages(full, stage, root_only)
+    if root_only and dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    return full
+
+
+def _gather_stages(
+    full: dict[str, torch.Tensor], stage: PipelineStage, root_only: bool
+) -> dict[str, torch.Tensor]:
+    """Every stage's tensors (host copies) on every stage of this pipeline group, or with
+    `root_only` on rank 0 alone."""
+    group = parallel_state.get_pipeline_model_parallel_group()
+    mine = {name: t.cpu() for name, t in full.items()}
+    parts: list[Any] = [None] * stage.size
+    if not root_only:
+        dist.all_gather_object(parts, mine, group=group)
+    elif 0 not in dist.get_process_group_ranks(group):
+        return {}
+    else:
+        dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0, group=group)
+        if dist.get_rank() != 0:
+            return {}
+    return {name: t for part in parts for name, t in part.items()}
