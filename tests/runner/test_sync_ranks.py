@@ -21,9 +21,8 @@ from .qwen3_folders import build_qwen3_moe_folder
 # Megatron-core orders ranks tensor-parallel fastest, then data-parallel, then pipeline; with
 # whole experts on a rank (expert tensor-parallel size 1) the expert-parallel group is ep
 # consecutive ranks: under tp = 2 the tensor-parallel pair itself.
+# (dp = 2 alone: test_sft_data_parallel's group, its sync payload and saved folder checked.)
 LAYOUTS = {
-    "dp2": ({"dp": 2}, [0]),
-    "tp2dp2": ({"tp": 2, "dp": 2}, [0, 1]),
     "pp2dp2": ({"pp": 2, "dp": 2}, [0, 2]),
     "tp2pp2": ({"tp": 2, "pp": 2}, [0, 1, 2, 3]),
     "dp4ep2": ({"dp": 4, "ep": 2}, [0, 1]),
