@@ -225,7 +225,7 @@ def test_sequences_group_by_length_within_the_padded_work_limit():
     # work; 4000 would not, nor would 300 join 4000 and 3900.
     groups = LengthGroups.of([300, 16384, 4000, 15004, 3900, 280], "cpu", limit=1.5)
     assert groups.shapes == ((2, 300), (2, 16384), (2, 4000))
-    assert groups.slots == 2 * 300 + 2 * 16384 + 2 * 4000
+    assert groups.gather.numel() == 2 * 300 + 2 * 16384 + 2 * 4000  # a row position a slot
     # Slots: the 300, 280 (+20 padding) group first (row order of first members), then 16384
     # and 15004 (+1380 padding), then 4000 and 3900 (+100 padding).
     gather, scatter = groups.gather.tolist(), groups.scatter.tolist()

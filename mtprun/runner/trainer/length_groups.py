@@ -104,10 +104,6 @@ class LengthGroups:
                 slot += length
         return cls(shapes, to_device(torch.cat(gather), device), to_device(scatter, device))
 
-    @property
-    def slots(self) -> int:
-        return sum(count * length for count, length in self.shapes)
-
 
 def grouped_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, groups: LengthGroups

@@ -42,12 +42,12 @@ def _gather_stages(
     """Every stage's tensors (host copies) on every stage of this pipeline group, or with
     `root_only` on rank 0 alone."""
     group = parallel_state.get_pipeline_model_parallel_group()
+    if root_only and 0 not in dist.get_process_group_ranks(group):
+        return {}
     mine = {name: t.cpu() for name, t in full.items()}
     parts: list[Any] = [None] * stage.size
     if not root_only:
         dist.all_gather_object(parts, mine, group=group)
-    elif 0 not in dist.get_process_group_ranks(group):
-        return {}
     else:
         dist.gather_object(mine, parts if dist.get_rank() == 0 else None, dst=0, group=group)
         if dist.get_rank() != 0:
