@@ -27,14 +27,24 @@ def held_experts(count: int, rank: int, ep: int) -> range:
 
 
 def gather_state_dict(
-    local: Mapping[str, torch.Tensor], ep: int, group: torch.distributed.ProcessGroup | None
+    local: Mapping[str, torch.Tensor],
+    ep: int,
+    group: torch.distributed.ProcessGroup | None,
+    root_only: bool = False,
 ) -> dict:
     """Every expert of each routed-experts tensor, all-gathered over `group` in rank order;
-    the rest unchanged (inverse of converting rank by rank, `held_experts`)."""
+    the rest unchanged (inverse of converting rank by rank, `held_experts`). With
+    `root_only` the experts go to the group's first rank alone (a gather); the others get {}."""
+    root = ep == 1 or not root_only or torch.distributed.get_rank(group) == 0
     full = dict(local)
     for name, t in local.items():
         if ep > 1 and is_expert(name):
-            parts = [torch.empty_like(t) for _ in range(ep)]
-            torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
-            full[name] = torch.cat(parts)
-    return full
+            mine = t.detach().contiguous()
+            parts = [torch.empty_like(t) for _ in range(ep)] if root else None
+            if root_only:
+                torch.distributed.gather(mine, parts, group=group, group_dst=0)
+            else:
+                torch.distributed.all_gather(parts, mine, group=group)
+            if root:
+                full[name] = torch.cat(parts)
+    return full if root else {}

@@ -78,16 +78,27 @@ def unshard(name: str, parts: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def gather_state_dict(
-    local: Mapping[str, torch.Tensor], tp: int, group: torch.distributed.ProcessGroup | None
+    local: Mapping[str, torch.Tensor],
+    tp: int,
+    group: torch.distributed.ProcessGroup | None,
+    root_only: bool = False,
 ) -> dict:
     """Every rank's shards all-gathered over `group` and unsharded to full tensors (copies,
-    never views of the live parameters)."""
+    never views of the live parameters). With `root_only` the shards go to the group's first
+    rank alone (a gather): the others keep only their replicated tensors, so no full copy of
+    a sharded tensor is ever built on them."""
+    root = tp == 1 or not root_only or torch.distributed.get_rank(group) == 0
     full = {}
     for name, t in local.items():
         if tp == 1 or split_of(name) == "replicated":
             full[name] = t.detach().clone()
             continue
-        parts = [torch.empty_like(t) for _ in range(tp)]
-        torch.distributed.all_gather(parts, t.detach().contiguous(), group=group)
-        full[name] = unshard(name, parts)
+        piece = t.detach().contiguous()
+        parts = [torch.empty_like(t) for _ in range(tp)] if root else None
+        if root_only:
+            torch.distributed.gather(piece, parts, group=group, group_dst=0)
+        else:
+            torch.distributed.all_gather(parts, piece, group=group)
+        if root:
+            full[name] = unshard(name, parts)
     return full

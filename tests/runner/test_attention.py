@@ -261,11 +261,17 @@ def test_the_grouping_of_least_estimated_work_is_taken():
 
 
 def _grads(model_dir, recompute, batch):
+    # The trainer's device: without a GPU Megatron runs on the CPU shims, which a machine
+    # with one does not apply (its core attention then needs CUDA tensors).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dims = ModelShape.from_model_dir(model_dir)
-    model = load_policy_model(model_dir, dims, torch.device("cpu"), 0, 1, recompute=recompute)
-    hidden, _ = model.hidden_states(batch.input_ids, batch.position_ids, batch.cu_seqlens)
+    model = load_policy_model(model_dir, dims, device, 0, 1, recompute=recompute)
+    ids, positions, cu = (
+        t.to(device) for t in (batch.input_ids, batch.position_ids, batch.cu_seqlens)
+    )
+    hidden, _ = model.hidden_states(ids, positions, cu)
     (hidden.pow(2).mean() + hidden[:, 0].sum()).backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {n: p.grad.cpu() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("recompute", ["selective", "full"])

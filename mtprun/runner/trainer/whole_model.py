@@ -19,21 +19,33 @@ def gather_whole_model(
     local: dict[str, torch.Tensor], shape: ModelShape, stage: PipelineStage, root_only: bool
 ) -> dict[str, torch.Tensor]:
     """This rank's tensors `local` -> whole-model tensors under whole-model names. Every rank
-    gets them, or with `root_only` trainer rank 0 alone (the others {}): the stages' parts
-    then travel to rank 0 only, and a pipeline group without rank 0 does not exchange them
-    at all. A collective over this rank's TP, EP and pipeline groups."""
+    gets them, or with `root_only` trainer rank 0 alone (the others {}): each group's parts
+    then travel to its first rank only (rank 0's tensor-parallel and expert-parallel peers
+    never hold a whole tensor of the model), and a pipeline group without rank 0 does not
+    exchange them at all. A collective over this rank's TP, EP and pipeline groups.
+
+    Under `root_only` only the first rank of each TP and EP group goes on to the stages'
+    gather: rank 0's pipeline peers are such first ranks (Megatron's rank order puts the
+    pipeline stage outermost, every other index 0), so each holds its stage's whole tensors."""
     tp_size = parallel_state.get_tensor_model_parallel_world_size()
-    full = gather_state_dict(local, tp_size, parallel_state.get_tensor_model_parallel_group())
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    full = gather_state_dict(local, tp_size, tp_group, root_only)
     ep_size = parallel_state.get_expert_model_parallel_world_size()
+    ep_group = parallel_state.get_expert_model_parallel_group() if ep_size > 1 else None
     if ep_size > 1:
-        group = parallel_state.get_expert_model_parallel_group()
-        full = ep_layout.gather_state_dict(full, ep_size, group)
+        full = ep_layout.gather_state_dict(full, ep_size, ep_group, root_only)
+    if root_only and (_not_first(tp_group, tp_size) or _not_first(ep_group, ep_size)):
+        return {}  # its shards and experts sent to its groups' first ranks
     full = global_tensors(full, shape, stage)
     if stage.size > 1:
         full = _gather_stages(full, stage, root_only)
     if root_only and dist.is_initialized() and dist.get_rank() != 0:
         return {}
     return full
+
+
+def _not_first(group: dist.ProcessGroup | None, size: int) -> bool:
+    return size > 1 and dist.get_rank(group) != 0
 
 
 def _gather_stages(
