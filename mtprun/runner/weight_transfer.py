@@ -9,15 +9,20 @@ means a new group: each formation is a `generation` with its own key prefix in t
 One send is a JSON header (names, dtypes, shapes: the engines need no layout beforehand)
 then the tensors' bytes packed back to back into buckets of at most `BUCKET_BYTES`, each one
 broadcast. Bytes, not typed tensors: every dtype travels (gloo has no bfloat16 reduction
-types, a broadcast needs none) and arrives bit for bit.
+types, a broadcast needs none) and arrives bit for bit. A receiver takes the buckets one at a
+time as it loads their tensors, so an engine never holds a second copy of the whole model
+(a split engine keeps only 1 - SPLIT_GPU_MEMORY_UTILIZATION of its GPU outside vLLM's pools).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from itertools import groupby
+from operator import attrgetter
 
 import torch
 import torch.distributed as dist
@@ -70,15 +75,11 @@ def unpack_buckets(
     buckets: list[torch.Tensor], slots: list[TensorSlot]
 ) -> list[tuple[str, torch.Tensor]]:
     """(name, typed view into its bucket) for every slot, in order: no copies."""
-    return [
-        (
-            slot.name,
-            buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
-            .view(slot.dtype)
-            .view(slot.shape),
-        )
-        for slot in slots
-    ]
+    return [(slot.name, _view(buckets[slot.bucket], slot)) for slot in slots]
+
+
+def _view(bucket: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
+    return bucket[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).view(slot.shape)
 
 
 class TransferGroup:
@@ -131,15 +132,26 @@ class TransferGroup:
             _wait_done(last, "the weight broadcast to the rollout engines")
         return sum(sizes)
 
-    def receive(self) -> list[tuple[str, torch.Tensor]]:
-        """The tensors member 0 sends, as views into the received buckets."""
+    def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors member 0 sends, in its order, as views into their buckets. The header
+        arrives now; each bucket when the iteration reaches it, so a caller that loads the
+        tensors as they come holds one bucket (and what it keeps of it), not the whole
+        payload. Iterate to the end: member 0's send completes only once every member has
+        received every bucket."""
         header = json.loads(self._broadcast_bytes(None).decode())
         slots, sizes = plan_buckets(header["layout"], header["bucket_bytes"])
+        return self._buckets(slots, sizes)
+
+    def _buckets(
+        self, slots: list[TensorSlot], sizes: list[int]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         device = self.device or torch.device("cpu")
-        buckets = [torch.empty(size, dtype=torch.uint8, device=device) for size in sizes]
-        for flat in buckets:
+        held = {bucket: list(group) for bucket, group in groupby(slots, attrgetter("bucket"))}
+        for bucket, size in enumerate(sizes):
+            flat = torch.empty(size, dtype=torch.uint8, device=device)
             self._broadcast(flat)
-        return unpack_buckets(buckets, slots)
+            yield from ((slot.name, _view(flat, slot)) for slot in held.get(bucket, ()))
+            del flat  # before the next bucket's allocation: the caller holds what it kept
 
     def _broadcast_bytes(self, payload: bytes | None) -> bytes:
         """A byte string from member 0 (payload there, None elsewhere): length, then bytes."""

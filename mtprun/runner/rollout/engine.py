@@ -370,8 +370,13 @@ class RolloutEngine:
 
     def update_weights(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> float:
         """Load HF-named tensors, policy `version`, into the engine (and its MTP drafter), or
-        with LoRA the PEFT-named adapters (the base stays); returns seconds."""
-        return self._update(lambda: [(name, t.detach()) for name, t in named], version)
+        with LoRA the PEFT-named adapters (the base stays); returns seconds. The policy alone
+        loads them as `named` yields them (a transfer's buckets one at a time, never the
+        whole model held twice); adapters and a drafter, which read them again, take a list."""
+        detached = ((name, t.detach()) for name, t in named)
+        if self.lora is None and self.rollout.speculative is None:
+            return self._update(lambda: detached, version)
+        return self._update(lambda: list(detached), version)
 
     def update_weights_ipc(self, shared: Any, version: int) -> float:
         """Load the trainer's weights from CUDA IPC handles of its buckets

@@ -84,11 +84,12 @@ class RolloutWorker:
 
     def receive_weights(self, version: int) -> tuple[float, float]:
         """The weights trainer rank 0 broadcasts, loaded as policy `version`; returns (seconds
-        in the broadcast, seconds reloading them into vLLM)."""
+        waiting for the send to begin, seconds receiving and loading them: vLLM loads each
+        bucket's tensors as it arrives)."""
         start = time.perf_counter()
         weights = self.transfer.receive()
-        received_s = time.perf_counter() - start
-        return received_s, self.engine.update_weights(weights, version)
+        waited_s = time.perf_counter() - start
+        return waited_s, self.engine.update_weights(weights, version)
 
     def take_generated(self) -> tuple[float, int]:
         return self.engine.take_generated()
