@@ -26,12 +26,11 @@ if not torch.cuda.is_available():
 
 from mlflow import MlflowClient
 
-from mtprun.models.tiny import build_tiny_model
 from mtprun.spec import Recipe
-from mtprun.spec.model import TinyModel
 
 from .cli_run import ENV, MTPRUN
 from .conftest import TEMPLATE, make_recipe, random_packed_batch
+from .gpu_folders import gpu_folder
 
 pytestmark = pytest.mark.gpu
 
@@ -39,25 +38,9 @@ pytestmark = pytest.mark.gpu
 LOGPROB_TOLERANCE = 0.05
 
 
-def _gpu_folder(root: Path, tokenizer, architecture: str, **fields) -> Path:
-    """A random-init bf16 folder with head_dim 128 (what the GPU attention kernels take),
-    written on the GPU."""
-    spec = TinyModel(
-        architecture=architecture, hidden=256, layers=2, heads=2, kv_heads=1, intermediate=512,
-        max_seq_len=512, **fields,
-    )  # fmt: skip
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device("cuda"):
-            return build_tiny_model(spec, tokenizer, root, seed=0)
-    finally:
-        torch.set_default_dtype(saved)
-
-
 @pytest.fixture(scope="module")
 def gpu_qwen3_dir(tmp_path_factory, tokenizer) -> Path:
-    return _gpu_folder(tmp_path_factory.mktemp("qwen3gpu"), tokenizer, "qwen3")
+    return gpu_folder(tmp_path_factory.mktemp("qwen3gpu"), tokenizer, "qwen3")
 
 
 # The families of the colocated end-to-end runs: (architecture, model fields, recipe changes).
@@ -160,7 +143,7 @@ def _optimizer_tensors(trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_colocated_run_trains_with_cuda_ipc_syncs(family, tokenizer, tmp_path):
     architecture, fields, changes = FAMILIES[family]
-    folder = _gpu_folder(tmp_path / "model", tokenizer, architecture, **fields)
+    folder = gpu_folder(tmp_path / "model", tokenizer, architecture, **fields)
     recipe = _rl_recipe(folder, "colocate")
     for section, values in changes.items():
         recipe[section] = {**recipe.get(section, {}), **values}
