@@ -35,16 +35,24 @@ def gather_state_dict(
     """Every expert of each routed-experts tensor, all-gathered over `group` in rank order;
     the rest unchanged (inverse of converting rank by rank, `held_experts`). With
     `root_only` the experts go to the group's first rank alone (a gather); the others get {}."""
-    root = ep == 1 or not root_only or torch.distributed.get_rank(group) == 0
     full = dict(local)
     for name, t in local.items():
         if ep > 1 and is_expert(name):
-            mine = t.detach().contiguous()
-            parts = [torch.empty_like(t) for _ in range(ep)] if root else None
-            if root_only:
-                torch.distributed.gather(mine, parts, group=group, group_dst=0)
-            else:
-                torch.distributed.all_gather(parts, mine, group=group)
-            if root:
-                full[name] = torch.cat(parts)
+            full[name] = gather_experts(t, ep, group, root_only)
+    root = ep == 1 or not root_only or torch.distributed.get_rank(group) == 0
     return full if root else {}
+
+
+def gather_experts(
+    t: torch.Tensor, ep: int, group: torch.distributed.ProcessGroup | None, root_only: bool
+) -> torch.Tensor | None:
+    """Every rank's experts of one routed-experts tensor, in rank order (a collective over
+    `group`); with `root_only` on the group's first rank alone (None elsewhere)."""
+    root = not root_only or torch.distributed.get_rank(group) == 0
+    mine = t.detach().contiguous()
+    parts = [torch.empty_like(t) for _ in range(ep)] if root else None
+    if root_only:
+        torch.distributed.gather(mine, parts, group=group, group_dst=0)
+    else:
+        torch.distributed.all_gather(parts, mine, group=group)
+    return torch.cat(parts) if root else None

@@ -92,6 +92,13 @@ def stage_tensors(
     return out
 
 
+def layer_of(name: str) -> int | None:
+    """The decoder layer of Megatron tensor `name` (stage-local under pipeline parallelism),
+    None outside the decoder layers (embedding, final norm, output layer, MTP layers)."""
+    layer = _LAYER.match(name)
+    return None if layer is None else int(layer.group(1))
+
+
 def hf_layer_of(name: str, shape: ModelShape) -> int | None:
     """The decoder layer the HF checkpoint tensor `name` belongs to: its index, `shape.layers`
     for any MTP layer's, None outside the layers (the embedding, final norm, output layer)."""

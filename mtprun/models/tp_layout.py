@@ -87,18 +87,36 @@ def gather_state_dict(
     never views of the live parameters). With `root_only` the shards go to the group's first
     rank alone (a gather): the others keep only their replicated tensors, so no full copy of
     a sharded tensor is ever built on them."""
-    root = tp == 1 or not root_only or torch.distributed.get_rank(group) == 0
     full = {}
     for name, t in local.items():
-        if tp == 1 or split_of(name) == "replicated":
-            full[name] = t.detach().clone()
-            continue
-        piece = t.detach().contiguous()
-        parts = [torch.empty_like(t) for _ in range(tp)] if root else None
-        if root_only:
-            torch.distributed.gather(piece, parts, group=group, group_dst=0)
-        else:
-            torch.distributed.all_gather(parts, piece, group=group)
-        if root:
-            full[name] = unshard(name, parts)
+        whole = gather_tensor(name, t, tp, group, root_only)
+        if whole is not None:
+            full[name] = whole
     return full
+
+
+def gather_tensor(
+    name: str,
+    t: torch.Tensor,
+    tp: int,
+    group: torch.distributed.ProcessGroup | None,
+    root_only: bool = False,
+) -> torch.Tensor | None:
+    """Tensor `name`'s shards over `group` unsharded (a copy); with `root_only` None on all
+    but the group's first rank for a sharded tensor. A collective over `group` when `name`
+    is sharded."""
+    if tp == 1 or split_of(name) == "replicated":
+        return t.detach().clone()
+    piece = t.detach().contiguous()
+    root = not root_only or torch.distributed.get_rank(group) == 0
+    parts = [torch.empty_like(t) for _ in range(tp)] if root else None
+    if root_only:
+        torch.distributed.gather(piece, parts, group=group, group_dst=0)
+    else:
+        torch.distributed.all_gather(parts, piece, group=group)
+    return unshard(name, parts) if root else None
+
+
+def full_meta(name: str, t: torch.Tensor, tp: int) -> torch.Tensor:
+    """A data-less meta tensor of the full (unsharded) shape of rank shard `t`."""
+    return unshard(name, [t.to("meta")] * tp)

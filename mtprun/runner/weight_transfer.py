@@ -6,23 +6,26 @@ engine i. It touches neither the trainer's default group nor the one vLLM makes 
 engine process. Its membership is fixed when it forms, so a restarted engine (or trainer)
 means a new group: each formation is a `generation` with its own key prefix in the one store.
 
-One send is a JSON header (names, dtypes, shapes: the engines need no layout beforehand)
-then the tensors' bytes packed back to back into buckets of at most `BUCKET_BYTES`, each one
-broadcast. Bytes, not typed tensors: every dtype travels (gloo has no bfloat16 reduction
-types, a broadcast needs none) and arrives bit for bit. A receiver takes the buckets one at a
-time as it loads their tensors, so an engine never holds a second copy of the whole model
-(a split engine keeps only 1 - SPLIT_GPU_MEMORY_UTILIZATION of its GPU outside vLLM's pools).
+One send is a few parts (a weight sync's: a few decoder layers each), each a JSON header
+(names, dtypes, shapes: the engines need no layout beforehand) then the tensors' bytes packed
+back to back into buckets of at most `BUCKET_BYTES`, each one broadcast; a final header ends
+it. Bytes, not typed tensors: every dtype travels (gloo has no bfloat16 reduction types, a
+broadcast needs none) and arrives bit for bit. Neither end holds the whole model at once:
+the sender gathers a part as it sends it, a receiver takes the buckets one at a time as it
+loads their tensors (a split engine keeps only 1 - SPLIT_GPU_MEMORY_UTILIZATION of its GPU
+outside vLLM's pools).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
 from operator import attrgetter
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -115,38 +118,52 @@ class TransferGroup:
 
     def send(self, weights: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> int:
         """Broadcast `weights` from member 0; returns the bytes sent to each member."""
-        layout = [(name, dtype_name(t.dtype), list(t.shape)) for name, t in weights.items()]
-        header = {"layout": layout, "bucket_bytes": bucket_bytes}
-        self._broadcast_bytes(json.dumps(header).encode())
-        slots, sizes = plan_buckets(layout, bucket_bytes)
-        device = self.device or next(iter(weights.values())).device
-        last = None
-        for bucket, size in enumerate(sizes):
-            flat = torch.empty(size, dtype=torch.uint8, device=device)
-            for slot in slots:
-                if slot.bucket == bucket:
-                    source = weights[slot.name].detach().contiguous().reshape(-1)
-                    flat[slot.offset : slot.offset + slot.nbytes].copy_(source.view(torch.uint8))
-            last = self._broadcast(flat)
+        return self.send_parts([weights], bucket_bytes)
+
+    def send_parts(
+        self, parts: Iterable[dict[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
+    ) -> int:
+        """Broadcast the tensors of each of `parts` from member 0, one part at a time (its
+        header, then its buckets), so that member 0 needs only the part at hand; the members
+        receive them as one stream (`receive`). Returns the bytes sent to each member."""
+        sent, last = 0, None
+        for part in parts:
+            layout = [(name, dtype_name(t.dtype), list(t.shape)) for name, t in part.items()]
+            self._send_header(layout, bucket_bytes, final=False)
+            slots, sizes = plan_buckets(layout, bucket_bytes)
+            held = _by_bucket(slots)
+            device = self.device or _device_of(part)
+            for bucket, size in enumerate(sizes):
+                last = self._broadcast(_packed(part, held.get(bucket, []), size, device))
+            sent += sum(sizes)
+            del part  # before the next part is gathered
         if last is not None:
             _wait_done(last, "the weight broadcast to the rollout engines")
-        return sum(sizes)
+        self._send_header([], bucket_bytes, final=True)
+        return sent
+
+    def _send_header(self, layout: list, bucket_bytes: int, final: bool) -> None:
+        header = {"layout": layout, "bucket_bytes": bucket_bytes, "final": final}
+        self._broadcast_bytes(json.dumps(header).encode())
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The tensors member 0 sends, in its order, as views into their buckets. The header
-        arrives now; each bucket when the iteration reaches it, so a caller that loads the
-        tensors as they come holds one bucket (and what it keeps of it), not the whole
+        """The tensors member 0 sends, in its order, as views into their buckets. The first
+        header arrives now; each bucket when the iteration reaches it, so a caller that loads
+        the tensors as they come holds one bucket (and what it keeps of it), not the whole
         payload. Iterate to the end: member 0's send completes only once every member has
-        received every bucket."""
-        header = json.loads(self._broadcast_bytes(None).decode())
-        slots, sizes = plan_buckets(header["layout"], header["bucket_bytes"])
-        return self._buckets(slots, sizes)
+        received every part."""
+        return self._parts(json.loads(self._broadcast_bytes(None).decode()))
+
+    def _parts(self, header: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+        while not header["final"]:
+            yield from self._buckets(*plan_buckets(header["layout"], header["bucket_bytes"]))
+            header = json.loads(self._broadcast_bytes(None).decode())
 
     def _buckets(
         self, slots: list[TensorSlot], sizes: list[int]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         device = self.device or torch.device("cpu")
-        held = {bucket: list(group) for bucket, group in groupby(slots, attrgetter("bucket"))}
+        held = _by_bucket(slots)
         for bucket, size in enumerate(sizes):
             flat = torch.empty(size, dtype=torch.uint8, device=device)
             self._broadcast(flat)
@@ -192,6 +209,26 @@ class TransferHost:
         `form_timeout` when one did not (the next generation may then form)."""
         self.group = None  # the previous generation's connections go first
         self.group = TransferGroup(self.store, generation, 0, world_size, form_timeout)
+
+
+def _by_bucket(slots: list[TensorSlot]) -> dict[int, list[TensorSlot]]:
+    """The slots (in bucket order) of each bucket."""
+    return {bucket: list(group) for bucket, group in groupby(slots, attrgetter("bucket"))}
+
+
+def _device_of(part: dict[str, torch.Tensor]) -> torch.device:
+    return next(iter(part.values())).device if part else torch.device("cpu")
+
+
+def _packed(
+    part: dict[str, torch.Tensor], slots: list[TensorSlot], size: int, device: torch.device
+) -> torch.Tensor:
+    """One bucket of `part`: the bytes of its `slots`' tensors at their offsets."""
+    flat = torch.empty(size, dtype=torch.uint8, device=device)
+    for slot in slots:
+        source = part[slot.name].detach().contiguous().reshape(-1)
+        flat[slot.offset : slot.offset + slot.nbytes].copy_(source.view(torch.uint8))
+    return flat
 
 
 def _wait_done(work: dist.Work, what: str, timeout: timedelta = _TIMEOUT) -> None:

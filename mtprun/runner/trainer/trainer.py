@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from mtprun.models.pp_layout import (
     is_tied_copy,
     splits_tied_embedding,
 )
+from mtprun.runner.trainer import whole_model
 from mtprun.runner.trainer.context_parallel import TokenShard, gather_row
 from mtprun.runner.trainer.fits import refuse_what_cannot_fit
 from mtprun.runner.trainer.lora import attach_lora
@@ -52,7 +55,6 @@ from mtprun.runner.trainer.pipeline import run_micro_batches
 from mtprun.runner.trainer.replay import ReplayRouting, routed_experts_of
 from mtprun.runner.trainer.routing import RouterStats
 from mtprun.runner.trainer.teacher import Teacher
-from mtprun.runner.trainer.whole_model import gather_whole_model
 from mtprun.spec.recipe import Recipe
 
 log = logging.getLogger("mtprun")
@@ -274,20 +276,32 @@ class Trainer:
         sync and HF export; with LoRA the adapters merged into their weights. With
         `root_only` rank 0 alone gets them (the others {}). Every process of the
         model-parallel group must call it (it gathers)."""
-        local = {n: t for n, t in self.model.state_dict().items() if not n.endswith("_extra_state")}
-        full = gather_whole_model(local, self.shape, self.stage, root_only)
+        local = whole_model.model_tensors(self.model)
+        full = whole_model.gather_whole_model(local, self.shape, self.stage, root_only)
         if not full:
             return {}
         if self.recipe.model.lora is not None:  # merged: W + scaling B A
             full = merge_lora(full, self.shape, self.recipe.model.lora.scaling)
         return megatron_to_hf(full, self.shape)
 
+    def hf_state_dict_chunks(
+        self, root_only: bool = False, layers: int = whole_model.LAYERS_PER_CHUNK
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """`hf_state_dict` `layers` decoder layers at a time (`whole_model_chunks`; with LoRA,
+        or under pipeline parallelism, in one part). Every process of the gather takes all."""
+        if self.recipe.model.lora is not None:
+            return iter([self.hf_state_dict(root_only)])
+        convert = partial(megatron_to_hf, shape=self.shape)
+        local = whole_model.model_tensors(self.model)
+        chunks = whole_model.whole_model_chunks
+        return chunks(local, self.shape, self.stage, root_only, convert, layers)
+
     def adapter_state_dict(self, root_only: bool = False) -> dict[str, torch.Tensor]:
         """The LoRA adapters alone, whole (gathered as `hf_state_dict` gathers) and under
         PEFT's names (`mtprun.models.lora.peft_name`), as `adapter_model.safetensors` holds
         them. Every process of the model-parallel group must call it (it gathers)."""
         local = {n: t for n, t in self.model.state_dict().items() if is_adapter(n)}
-        full = gather_whole_model(local, self.shape, self.stage, root_only)
+        full = whole_model.gather_whole_model(local, self.shape, self.stage, root_only)
         return {peft_name(n): t for n, t in full.items()}
 
     def _zero_grad(self) -> None:

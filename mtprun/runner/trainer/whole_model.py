@@ -1,18 +1,30 @@
 """A trainer rank's tensors gathered into the whole model's (weight syncs, exports,
 checkpoints' HF folders): over the tensor-parallel group, then the expert-parallel group,
-renamed from the stage's layer numbers to the whole model's, then over pipeline stages."""
+renamed from the stage's layer numbers to the whole model's, then over pipeline stages; or,
+for a weight sync's stream, a few decoder layers at a time (`whole_model_chunks`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from mtprun.models import ModelShape, ep_layout
-from mtprun.models.pp_layout import PipelineStage, global_tensors
+from mtprun.models import ModelShape, ep_layout, tp_layout
+from mtprun.models.pp_layout import PipelineStage, global_tensors, layer_of
 from mtprun.models.tp_layout import gather_state_dict
+
+# A weight sync's stream gathers and converts this many decoder layers at a time: rank 0
+# holds their whole tensors (and the embedding and output layer with the first), not the
+# whole model's.
+LAYERS_PER_CHUNK = 2
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of `model`'s state dict (Transformer Engine's extra states left out)."""
+    return {n: t for n, t in model.state_dict().items() if not n.endswith("_extra_state")}
 
 
 def gather_whole_model(
@@ -65,3 +77,79 @@ def _gather_stages(
         if dist.get_rank() != 0:
             return {}
     return {name: t for part in parts for name, t in part.items()}
+
+
+def whole_model_chunks(
+    local: dict[str, torch.Tensor],
+    shape: ModelShape,
+    stage: PipelineStage,
+    root_only: bool,
+    convert: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]],
+    layers: int = LAYERS_PER_CHUNK,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """`convert(gather_whole_model(...))` in parts of `layers` decoder layers (the
+    tensors outside the layers with the first part), each gathered as its part is converted:
+    `convert` reads every name each time, the other parts' as data-less meta tensors, whose
+    results are left out. Every rank of the gather must take every part (each is a
+    collective); with `root_only` the others' parts are empty. Under pipeline parallelism the
+    whole model is one part."""
+    if stage.size > 1:
+        full = gather_whole_model(local, shape, stage, root_only)
+        yield convert(full) if full else {}
+        return
+    view = _GatheredOnRead(local, root_only)
+    for first in range(0, shape.layers, layers):
+        view.read(range(first, first + layers), outside=first == 0)
+        yield {name: t for name, t in convert(view).items() if not t.is_meta}
+
+
+class _GatheredOnRead(Mapping[str, torch.Tensor]):
+    """One stage's tensors (pipeline size 1: the whole model's names) as whole tensors: a read
+    of one in the layers being read gathers it over TP or EP (a collective where it is split:
+    every rank of the gather reads the same names in the same order, as the same conversion
+    runs on each), any other read a data-less meta tensor of its whole shape. With
+    `root_only` rank 0 alone gets data; the others send their parts and read meta tensors."""
+
+    def __init__(self, local: dict[str, torch.Tensor], root_only: bool) -> None:
+        self._local = local
+        self._root_only = root_only
+        self._holds = not root_only or not dist.is_initialized() or dist.get_rank() == 0
+        self._tp = parallel_state.get_tensor_model_parallel_world_size()
+        self._tp_group = parallel_state.get_tensor_model_parallel_group()
+        self._ep = parallel_state.get_expert_model_parallel_world_size()
+        self._ep_group = parallel_state.get_expert_model_parallel_group() if self._ep > 1 else None
+        self._layers, self._outside = range(0), False
+        self._read: dict[str, torch.Tensor] = {}
+
+    def read(self, layers: range, outside: bool) -> None:
+        """From now on gather `layers`' tensors (and with `outside` those outside the layers)."""
+        self._layers, self._outside, self._read = layers, outside, {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._read:  # read twice by a converter: gathered once
+            return self._read[name]
+        local = self._local[name]
+        layer = layer_of(name)
+        if not (self._outside if layer is None else layer in self._layers):
+            return self._whole_meta(name, local)
+        whole = self._gather(name, local)
+        self._read[name] = whole if whole is not None else self._whole_meta(name, local)
+        return self._read[name]
+
+    def _gather(self, name: str, local: torch.Tensor) -> torch.Tensor | None:
+        if self._ep > 1 and ep_layout.is_expert(name):  # whole experts on a rank (etp = 1)
+            return ep_layout.gather_experts(local, self._ep, self._ep_group, self._root_only)
+        if self._tp > 1 and tp_layout.split_of(name) != "replicated":
+            return tp_layout.gather_tensor(name, local, self._tp, self._tp_group, self._root_only)
+        return local.detach().clone() if self._holds else None
+
+    def _whole_meta(self, name: str, local: torch.Tensor) -> torch.Tensor:
+        if self._ep > 1 and ep_layout.is_expert(name):
+            return torch.cat([local.to("meta")] * self._ep)
+        return tp_layout.full_meta(name, local, self._tp)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._local)
+
+    def __len__(self) -> int:
+        return len(self._local)

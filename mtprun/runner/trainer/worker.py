@@ -148,12 +148,20 @@ class TrainerWorker:
         self.transfer.form(generation, world_size)
 
     def send_weights(self) -> int | None:
-        """The ranks of rank 0's gathers gather what a weight sync moves (`_sync_payload`);
-        rank 0 broadcasts it to the engines and returns the bytes each one received."""
+        """The ranks of rank 0's gathers gather what a weight sync moves (as `_sync_payload`,
+        a few layers at a time); rank 0 broadcasts each part to the engines as it is gathered
+        and returns the bytes each engine received."""
         if not self.gathers_for_rank0:
             return None
-        weights = self._sync_payload(root_only=True)
-        return self.transfer.group.send(weights) if self.rank == 0 else None
+        if self.trainer.recipe.model.lora is not None:
+            parts = iter([self.trainer.adapter_state_dict(root_only=True)])
+        else:  # a few layers at a time: rank 0 never holds the whole model
+            parts = self.trainer.hf_state_dict_chunks(root_only=True)
+        if self.rank == 0:
+            return self.transfer.group.send_parts(parts)
+        for _ in parts:  # this rank's share of each part's gathers
+            pass
+        return None
 
     def save(self, folder: str) -> dict[str, float]:
         """Write this rank's trainer state and (rank 0) the policy as an HF folder, and with
