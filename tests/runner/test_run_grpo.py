@@ -201,10 +201,12 @@ def test_metrics_params_tags_and_artifacts_land_in_mlflow(grpo_run):
         assert key in metrics, sorted(metrics)
     assert 0.0 <= metrics["reward/mean"] <= 1.0
     assert metrics["rollout/tool_turns"] == 0.0  # one turn per episode: no tool answers
-    # The engines' own generate seconds, inside each step's generation.
+    # The engines' own generate seconds, inside each step's generation. The SIGKILLed
+    # engine's count dies with it: the step whose rollouts it had generated may read 0.
     generate, rollout = record.values("time/engine_generate_s"), record.values("time/rollout_s")
     assert record.steps("time/engine_generate_s") == record.steps("time/rollout_s")
-    assert all(0.0 < g <= r for g, r in zip(generate, rollout, strict=True)), (generate, rollout)
+    assert all(0.0 <= g <= r for g, r in zip(generate, rollout, strict=True)), (generate, rollout)
+    assert sum(g == 0.0 for g in generate) <= 1, generate
     assert metrics["rollout/engine_tokens_per_s"] > 0.0
     assert 0.0 < metrics["train/trained_token_frac"] < 1.0  # the prompt is never trained
     params = record.run.data.params
