@@ -163,9 +163,13 @@ def _held_elsewhere(name: str, shape: ModelShape, held: range) -> bool:
     )
 
 
-def megatron_to_hf(mg: Mapping[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
-    """Full (gathered) Megatron-named tensors -> HF-named tensors."""
+def megatron_to_hf(
+    mg: Mapping[str, torch.Tensor], shape: ModelShape, part: range | None = None
+) -> dict[str, torch.Tensor]:
+    """Full (gathered) Megatron-named tensors -> HF-named tensors; with `part`, those decoder
+    layers' alone (and the tensors outside the layers with the part that starts at 0): a
+    conversion in parts reads only each part's tensors of `mg`."""
     out: dict[str, torch.Tensor] = {}
     for converter in _converters(shape):
-        out.update(converter.to_hf(mg, shape))
+        out.update(converter.to_hf(mg, shape, part))
     return out

@@ -141,10 +141,22 @@ def to_megatron(hf: Tensors, shape: ModelShape, experts: range) -> dict:
     return out
 
 
-def to_hf(mg: Tensors, shape: ModelShape) -> dict:
-    """Inverse of to_megatron."""
-    out = {h: mg[m] for h, m in _outside_layers(shape).items()}
-    for i in range(shape.layers):
+def part_layers(shape: ModelShape, part: range | None) -> range:
+    """The decoder layers a conversion of `part` covers (None: the whole model)."""
+    return range(shape.layers) if part is None else range(part.start, min(part.stop, shape.layers))
+
+
+def converts_outside(part: range | None) -> bool:
+    """Whether a conversion of `part` covers the tensors outside the decoder layers
+    (embedding, final norm, output layer, MTP layers): the whole model's, or the first part's."""
+    return part is None or part.start == 0
+
+
+def to_hf(mg: Tensors, shape: ModelShape, part: range | None = None) -> dict:
+    """Inverse of to_megatron; with `part`, those decoder layers (`part_layers`) alone, and the
+    tensors outside them with the first part."""
+    out = {h: mg[m] for h, m in _outside_layers(shape).items()} if converts_outside(part) else {}
+    for i in part_layers(shape, part):
         hf_layer, mg_layer = f"model.layers.{i}.", f"decoder.layers.{i}."
         out.update(layer_to_hf(mg, mg_layer, hf_layer, shape, not shape.is_moe_layer(i)))
     return out

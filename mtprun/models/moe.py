@@ -85,9 +85,9 @@ def to_megatron(hf: decoder.Tensors, shape: ModelShape, experts: range) -> dict:
     return out
 
 
-def to_hf(mg: decoder.Tensors, shape: ModelShape) -> dict:
-    """Inverse of to_megatron."""
+def to_hf(mg: decoder.Tensors, shape: ModelShape, part: range | None = None) -> dict:
+    """Inverse of to_megatron; with `part`, those layers' (`decoder.part_layers`) alone."""
     out = {}
-    for i in _sparse_layers(shape):
+    for i in (i for i in _sparse_layers(shape) if i in decoder.part_layers(shape, part)):
         out.update(moe_to_hf(mg, f"decoder.layers.{i}.mlp.", f"model.layers.{i}.mlp.", shape))
     return out

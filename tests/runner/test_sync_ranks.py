@@ -7,7 +7,7 @@ waiting: the pool fails the call). Rank 0's tensor-parallel and expert-parallel 
 their parts and never build a whole sharded tensor or another rank's experts. A sync's
 stream of a layer at a time (`hf_state_dict_chunks`) holds the same tensors, rank 0's parts
 each a layer's, every other rank's empty; in one process, for every architecture, the parts
-hold exactly what the whole conversion does."""
+hold exactly what the whole conversion does, each converted from its own layers' tensors."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from mtprun.compiler import compile_recipe
 from mtprun.models import ModelShape, build_tiny_model, ep_layout, tp_layout
 from mtprun.models.convert import hf_to_megatron, megatron_to_hf
-from mtprun.models.pp_layout import PipelineStage
+from mtprun.models.pp_layout import PipelineStage, layer_of
 from mtprun.runner.trainer.parallel import ranks_gathering_for
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.runner.trainer.whole_model import whole_model_chunks
@@ -135,3 +135,12 @@ def test_a_streamed_model_is_the_whole_model_in_parts(
     assert streamed.keys() == whole.keys() and sum(map(len, parts)) == len(whole)
     for name, tensor in whole.items():
         assert torch.equal(streamed[name], tensor), name
+    # A part's conversion reads its own tensors alone: given nothing else, it gives the same.
+    for part, got in zip((range(0, 2), range(2, 4)), parts, strict=True):
+        own = {n: t for n, t in local.items() if _in_part(n, part)}
+        assert convert(own, part=part).keys() == got.keys()
+
+
+def _in_part(name: str, part: range) -> bool:
+    layer = layer_of(name)
+    return part.start == 0 if layer is None else layer in part

@@ -84,31 +84,33 @@ def whole_model_chunks(
     shape: ModelShape,
     stage: PipelineStage,
     root_only: bool,
-    convert: Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]],
+    convert: Callable[..., dict[str, torch.Tensor]],
     layers: int = LAYERS_PER_CHUNK,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """`convert(gather_whole_model(...))` in parts of `layers` decoder layers (the
-    tensors outside the layers with the first part), each gathered as its part is converted:
-    `convert` reads every name each time, the other parts' as data-less meta tensors, whose
-    results are left out. Every rank of the gather must take every part (each is a
-    collective); with `root_only` the others' parts are empty. Under pipeline parallelism the
-    whole model is one part."""
+    """`convert(gather_whole_model(...))` in parts of `layers` decoder layers, the tensors
+    outside the layers with the first: `convert(tensors, part=range)` (as `megatron_to_hf`)
+    converts a part's layers alone, and each tensor is gathered as the part's conversion reads
+    it. Every rank of the gather must take every part (each is a collective); with
+    `root_only` the others' parts are empty. Under pipeline parallelism the whole model is
+    one part."""
     if stage.size > 1:
         full = gather_whole_model(local, shape, stage, root_only)
         yield convert(full) if full else {}
         return
     view = _GatheredOnRead(local, root_only)
     for first in range(0, shape.layers, layers):
-        view.read(range(first, first + layers), outside=first == 0)
-        yield {name: t for name, t in convert(view).items() if not t.is_meta}
+        part = range(first, first + layers)
+        view.read(part, outside=first == 0)
+        yield {name: t for name, t in convert(view, part=part).items() if not t.is_meta}
 
 
 class _GatheredOnRead(Mapping[str, torch.Tensor]):
     """One stage's tensors (pipeline size 1: the whole model's names) as whole tensors: a read
     of one in the layers being read gathers it over TP or EP (a collective where it is split:
     every rank of the gather reads the same names in the same order, as the same conversion
-    runs on each), any other read a data-less meta tensor of its whole shape. With
-    `root_only` rank 0 alone gets data; the others send their parts and read meta tensors."""
+    runs on each), any other read (none, from a converter that keeps to its part) a
+    data-less meta tensor of its whole shape. With `root_only` rank 0 alone gets data; the
+    others send their parts and read meta tensors."""
 
     def __init__(self, local: dict[str, torch.Tensor], root_only: bool) -> None:
         self._local = local

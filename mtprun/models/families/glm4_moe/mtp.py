@@ -43,10 +43,10 @@ def to_megatron(hf: decoder.Tensors, shape: ModelShape, experts: range) -> dict:
     return out
 
 
-def to_hf(mg: decoder.Tensors, shape: ModelShape) -> dict:
-    """Inverse of to_megatron."""
+def to_hf(mg: decoder.Tensors, shape: ModelShape, part: range | None = None) -> dict:
+    """Inverse of to_megatron (the MTP layers: with the first part, `decoder.converts_outside`)."""
     out = {}
-    for i in range(shape.mtp_layers):
+    for i in range(shape.mtp_layers if decoder.converts_outside(part) else 0):
         hf_prefix, mg_prefix = _prefixes(shape, i)
         out.update({hf_prefix + h: mg[mg_prefix + m] for h, m in _MTP_RENAMES.items()})
         layer = mg_prefix + "decoder_layer."

@@ -31,10 +31,10 @@ def to_megatron(hf: decoder.Tensors, shape: ModelShape, experts: range) -> dict:
     return out
 
 
-def to_hf(mg: decoder.Tensors, shape: ModelShape) -> dict:
-    """Inverse of to_megatron."""
+def to_hf(mg: decoder.Tensors, shape: ModelShape, part: range | None = None) -> dict:
+    """Inverse of to_megatron (the MTP layers: with the first part, `decoder.converts_outside`)."""
     out = {}
-    for i in range(shape.mtp_layers):
+    for i in range(shape.mtp_layers if decoder.converts_outside(part) else 0):
         hf_prefix, mg_prefix = f"model.mtp_layers.{i}.", f"mtp_layers.{i}."
         out.update({hf_prefix + n: mg[mg_prefix + n] for n in _MTP_RENAMES})
         out.update(decoder.layer_to_hf(mg, mg_prefix + "decoder_layer.", hf_prefix, shape))

@@ -235,13 +235,17 @@ def to_megatron(hf: Tensors, shape: ModelShape, experts: range) -> dict:
     return out
 
 
-def to_hf(mg: Tensors, shape: ModelShape) -> dict:
+def to_hf(mg: Tensors, shape: ModelShape, part: range | None = None) -> dict:
     """Inverse of to_megatron, plus what conversion left out of the source checkpoint (its
-    vision tower), carried through unchanged."""
-    out = {h: mg[m] for h, m in _outside_layers(shape).items()}
+    vision tower), carried through unchanged; with `part`, those decoder layers alone, and the
+    rest with the first part (`decoder.part_layers`, `decoder.converts_outside`)."""
     prefix = text_prefix(shape)
-    for i in range(shape.layers):
+    out = {}
+    for i in decoder.part_layers(shape, part):
         out.update(_layer_to_hf(mg, f"decoder.layers.{i}.", f"{prefix}layers.{i}.", shape, i))
+    if not decoder.converts_outside(part):
+        return out
+    out.update({h: mg[m] for h, m in _outside_layers(shape).items()})
     out.update(_mtp_to_hf(mg, shape))
     if shape.config_path is not None:
         out.update(carried_tensors(str(Path(shape.config_path).parent)))
