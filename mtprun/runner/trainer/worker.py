@@ -157,11 +157,11 @@ class TrainerWorker:
             parts = iter([self.trainer.adapter_state_dict(root_only=True)])
         else:  # a few layers at a time: rank 0 never holds the whole model
             parts = self.trainer.hf_state_dict_chunks(root_only=True)
-        if self.rank == 0:
-            return self.transfer.group.send_parts(parts)
-        for _ in parts:  # this rank's share of each part's gathers
-            pass
-        return None
+        try:
+            return self.transfer.group.send_parts(parts) if self.rank == 0 else None
+        finally:  # this rank's share of the parts' gathers, also after a failed broadcast
+            for _ in parts:
+                pass
 
     def save(self, folder: str) -> dict[str, float]:
         """Write this rank's trainer state and (rank 0) the policy as an HF folder, and with
