@@ -174,7 +174,9 @@ class TrainerWorker:
         if not self.gathers_for_rank0:  # rank 0 writes the folders from its gathers alone
             return seconds
         start = time.perf_counter()
-        weights = self.trainer.hf_state_dict(root_only=True)
+        # To the host a few layers at a time: the GPU never holds the whole model.
+        parts = self.trainer.hf_state_dict_chunks(root_only=True)
+        weights = {name: t.cpu() for part in parts for name, t in part.items()}
         if self.rank == 0:
             save_hf_folder(weights, self.model_dir, target / HF_FOLDER)
         lora = self.trainer.recipe.model.lora
