@@ -20,7 +20,13 @@ from typing import Any
 
 import torch
 
-from mtprun.runner.weight_transfer import dtype_name, plan_buckets, unpack_buckets
+from mtprun.runner.weight_transfer import (
+    dtype_name,
+    pack_bucket,
+    plan_buckets,
+    slots_by_bucket,
+    unpack_buckets,
+)
 
 IPC_BUCKET_BYTES = 1 << 30  # few handles (each open costs a driver call), bounded copies
 
@@ -46,10 +52,11 @@ class SharedWeights:
             raise ValueError(f"CUDA IPC shares GPU tensors; the weights are on {first.device}")
         layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in weights.items()]
         slots, sizes = plan_buckets(layout, bucket_bytes)
-        self.buckets = [torch.empty(size, dtype=torch.uint8, device=first.device) for size in sizes]
-        for slot in slots:
-            source = weights[slot.name].detach().contiguous().reshape(-1).view(torch.uint8)
-            self.buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes].copy_(source)
+        held = slots_by_bucket(slots)
+        self.buckets = [
+            pack_bucket(weights, held.get(bucket, []), size, first.device)
+            for bucket, size in enumerate(sizes)
+        ]
         torch.cuda.synchronize(first.device)  # the readers run on other processes' streams
         self.handles = WeightHandles(
             layout,

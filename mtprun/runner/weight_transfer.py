@@ -131,10 +131,10 @@ class TransferGroup:
             layout = [(name, dtype_name(t.dtype), list(t.shape)) for name, t in part.items()]
             self._send_header(layout, bucket_bytes, final=False)
             slots, sizes = plan_buckets(layout, bucket_bytes)
-            held = _by_bucket(slots)
+            held = slots_by_bucket(slots)
             device = self.device or _device_of(part)
             for bucket, size in enumerate(sizes):
-                last = self._broadcast(_packed(part, held.get(bucket, []), size, device))
+                last = self._broadcast(pack_bucket(part, held.get(bucket, []), size, device))
             sent += sum(sizes)
             del part  # before the next part is gathered
         if last is not None:
@@ -163,7 +163,7 @@ class TransferGroup:
         self, slots: list[TensorSlot], sizes: list[int]
     ) -> Iterator[tuple[str, torch.Tensor]]:
         device = self.device or torch.device("cpu")
-        held = _by_bucket(slots)
+        held = slots_by_bucket(slots)
         for bucket, size in enumerate(sizes):
             flat = torch.empty(size, dtype=torch.uint8, device=device)
             self._broadcast(flat)
@@ -211,8 +211,8 @@ class TransferHost:
         self.group = TransferGroup(self.store, generation, 0, world_size, form_timeout)
 
 
-def _by_bucket(slots: list[TensorSlot]) -> dict[int, list[TensorSlot]]:
-    """The slots (in bucket order) of each bucket."""
+def slots_by_bucket(slots: list[TensorSlot]) -> dict[int, list[TensorSlot]]:
+    """The slots (`plan_buckets`' order) of each bucket."""
     return {bucket: list(group) for bucket, group in groupby(slots, attrgetter("bucket"))}
 
 
@@ -220,10 +220,11 @@ def _device_of(part: dict[str, torch.Tensor]) -> torch.device:
     return next(iter(part.values())).device if part else torch.device("cpu")
 
 
-def _packed(
+def pack_bucket(
     part: dict[str, torch.Tensor], slots: list[TensorSlot], size: int, device: torch.device
 ) -> torch.Tensor:
-    """One bucket of `part`: the bytes of its `slots`' tensors at their offsets."""
+    """One bucket (`size` bytes on `device`) of `part`: the bytes of its `slots`' tensors at
+    their offsets (a transfer's buckets and CUDA IPC's)."""
     flat = torch.empty(size, dtype=torch.uint8, device=device)
     for slot in slots:
         source = part[slot.name].detach().contiguous().reshape(-1)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from mtprun.models import ModelShape, ep_layout, tp_layout
+from mtprun.models.decoder import converts_outside
 from mtprun.models.pp_layout import PipelineStage, global_tensors, layer_of
 from mtprun.models.tp_layout import gather_state_dict
 
@@ -100,7 +101,7 @@ def whole_model_chunks(
     view = _GatheredOnRead(local, root_only)
     for first in range(0, shape.layers, layers):
         part = range(first, first + layers)
-        view.read(part, outside=first == 0)
+        view.read(part)
         yield {name: t for name, t in convert(view, part=part).items() if not t.is_meta}
 
 
@@ -123,9 +124,9 @@ class _GatheredOnRead(Mapping[str, torch.Tensor]):
         self._layers, self._outside = range(0), False
         self._read: dict[str, torch.Tensor] = {}
 
-    def read(self, layers: range, outside: bool) -> None:
-        """From now on gather `layers`' tensors (and with `outside` those outside the layers)."""
-        self._layers, self._outside, self._read = layers, outside, {}
+    def read(self, part: range) -> None:
+        """From now on gather the tensors `part`'s conversion reads (`converts_outside`)."""
+        self._layers, self._outside, self._read = part, converts_outside(part), {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name in self._read:  # read twice by a converter: gathered once
