@@ -5,7 +5,7 @@ transfer: the HF-named bf16 weights of a shape (random, on the sender's GPU, as
 `Trainer.hf_state_dict` hands them to a sync) into a vLLM CUDA engine serving that shape
 (`load_format: dummy`: no checkpoint read), through mtprun's own paths, each in Ray actors:
 - colocate: sender and engine on one GPU; `cuda_ipc.SharedWeights` packs the weights into
-  1 GiB buckets, the engine maps them and reloads in place (`RolloutEngine.update_weights_ipc`),
+  1 GiB buckets, the engine maps them and reloads in place (`RolloutEngine.load_ipc_part`),
   awake and from sleep (level 2: its weights and KV cache released, woken by the sync);
 - split: sender on GPU 0, engine on GPU 1; `weight_transfer.TransferGroup` broadcasts 256 MiB
   buckets over NCCL, the engine reloads them (`RolloutEngine.update_weights`).
@@ -212,7 +212,11 @@ class Engine:
         return self.engine.sleep()
 
     def load_ipc(self, handles: Any) -> float:
-        return self.engine.update_weights_ipc(handles, 1)
+        """The sender's weights as one part (the raw IPC path; a run streams a few layers a
+        part, `RolloutEngine.load_ipc_part`)."""
+        self.engine.begin_update(1)
+        self.engine.load_ipc_part(handles)
+        return self.engine.finish_update()
 
     def join(self, host: str, port: int) -> None:
         from mtprun.runner.weight_transfer import TransferGroup

@@ -1,14 +1,18 @@
 """GPU benchmark: what trainer rank 0 holds and how long it takes to send a weight sync, the
 whole model gathered at once (as before 2026-11-29) against the stream of parts the sync
-sends now (`whole_model_chunks`, `TransferGroup.send_parts`).
+sends now (`whole_model_chunks`, `TransferGroup.send_parts`); and the same for a colocated
+sync through CUDA IPC (`cuda_ipc.SharedWeights` of the whole model, against one part at a
+time packed, copied by the engine and freed).
 
     python bench/sync_memory_gpu.py --shape qwen3-8b
     python bench/sync_memory_gpu.py --shape 1.5b --json bench/logs/sync_memory.json
 
 One process on one GPU: the shape's random-init bf16 folder loaded as the policy (Megatron-core,
 tp = 1; no optimizer), and a transfer group of rank 0 alone (NCCL, no engine: every bucket is
-packed and broadcast as for one). Each way runs --repeats times after a warm-up; printed: the
-peak GPU memory above the model's own during a send, and the send's median seconds.
+packed and broadcast as for one). The colocated engine's side is its copy of each part (a
+clone of the part's buckets, as `RolloutEngine.load_ipc_part` takes it), on the same GPU as in
+a colocated run. Each way runs --repeats times after a warm-up; printed: the peak GPU memory
+above the model's own during a send, and the send's median seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from trainer_gpu import SHAPES, model_folder
 
 from mtprun.models import ModelShape, megatron_to_hf
 from mtprun.models.pp_layout import PipelineStage
+from mtprun.runner.cuda_ipc import SharedWeights
 from mtprun.runner.net import free_port
 from mtprun.runner.trainer.model import load_policy_model
 from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
@@ -79,6 +84,29 @@ def _send(host: TransferHost, payload: Callable[[], Iterable[dict]]) -> int:
     return host.group.send_parts(payload())
 
 
+def _share_whole(payload: Callable[[], Iterable[dict]]) -> int:
+    """The colocated sync before parts: the whole model packed, the engine reading the
+    buckets in place."""
+    (weights,) = payload()
+    shared = SharedWeights(weights)
+    del weights
+    shared.release()
+    return shared.nbytes
+
+
+def _share_parts(payload: Callable[[], Iterable[dict]]) -> int:
+    """A part packed, the engine's copy of it taken, the part freed; then the next."""
+    sent = 0
+    for part in payload():
+        shared = SharedWeights(part)
+        del part
+        engine_copy = [bucket.clone() for bucket in shared.buckets]
+        sent += shared.nbytes
+        del engine_copy
+        shared.release()
+    return sent
+
+
 def _measure(folder: Path, repeats: int) -> list[dict]:
     shape = ModelShape.from_model_dir(folder)
     model = load_policy_model(folder, shape, torch.device("cuda"), 0, 1, dtype=torch.bfloat16)
@@ -95,8 +123,13 @@ def _measure(folder: Path, repeats: int) -> list[dict]:
         return whole_model_chunks(model_tensors(model), shape, stage, True, convert)
 
     rows = []
-    for name, payload in (("whole model", whole), ("parts", parts)):
-        send = partial(_send, host, payload)
+    ways = {
+        "whole model": partial(_send, host, whole),
+        "parts": partial(_send, host, parts),
+        "cuda_ipc whole model": partial(_share_whole, whole),
+        "cuda_ipc parts": partial(_share_parts, parts),
+    }
+    for name, send in ways.items():
         _timed_peak(send)  # warm-up
         runs = [_timed_peak(send) for _ in range(repeats)]
         rows.append({

@@ -6,8 +6,9 @@ A colocated GPU holds a trainer rank and a rollout engine, which take turns:
   released); the engine its weights, CUDA graphs and KV cache;
 - training: the trainer rank holds what its step needs (the trainer's estimate); the engine,
   asleep, its CUDA context;
-- weight sync: the trainer rank holds its weights and their packed copy (the CUDA IPC
-  buckets); the engine its weights (the KV cache wakes after).
+- weight sync: the trainer rank holds its weights, and a part of the model at a time gathered
+  and packed into the CUDA IPC buckets; the engine its weights and its copy of that part (the
+  KV cache wakes after). The largest part is the first (`sync_part_params`).
 
 `colocated_memory` counts each phase's bytes; with `resources.gpu_memory_gib` set, validate
 refuses a layout whose largest phase does not fit, before anything is allocated.
@@ -18,7 +19,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtprun.preflight.memory import GIB, parameters, recipe_trainer_memory
+from mtprun.models import ModelShape
+from mtprun.models.decoder import LAYERS_PER_PART
+from mtprun.preflight.memory import (
+    GIB,
+    layer_params,
+    moe_layer_params,
+    parameters,
+    recipe_trainer_memory,
+)
 from mtprun.preflight.model_shape import recipe_shape
 from mtprun.preflight.rules import PREFLIGHT_RULES
 from mtprun.spec.recipe import Recipe
@@ -55,8 +64,11 @@ def colocated_memory(recipe: Recipe) -> ColocatedMemory | str:
         return trainer
     if isinstance(shape, str):
         return shape
-    engine_weights = parameters(shape) * (2 if recipe.model.dtype == "bfloat16" else 4)
-    synced = engine_weights if recipe.model.lora is None else 0  # LoRA: adapters alone
+    width = 2 if recipe.model.dtype == "bfloat16" else 4
+    engine_weights = parameters(shape) * width
+    # A part gathered, packed and copied by the engine; LoRA: the adapters alone.
+    synced = 3 * sync_part_params(shape, recipe.parallel.pp) * width
+    synced = synced if recipe.model.lora is None else 0
     return ColocatedMemory(
         generation=trainer.weights
         + engine_weights
@@ -66,6 +78,21 @@ def colocated_memory(recipe: Recipe) -> ColocatedMemory | str:
         training=trainer.total + 2 * CONTEXT_BYTES,
         sync=trainer.weights + synced + engine_weights + 2 * CONTEXT_BYTES,
     )
+
+
+def sync_part_params(shape: ModelShape, pp: int) -> int:
+    """Parameters of a weight sync's largest part: the first, with the tensors outside the
+    decoder layers (embedding, output layer, MTP layers) beside `LAYERS_PER_PART` layers;
+    under pipeline parallelism the whole model, gathered as one part."""
+    whole = parameters(shape)
+    if pp > 1:
+        return whole
+    per_layer = [
+        sum(moe_layer_params(shape, 1, 1)) if shape.is_moe_layer(i) else layer_params(shape, 1)
+        for i in range(shape.layers)
+    ]
+    outside = whole - sum(per_layer)
+    return outside + sum(sorted(per_layer, reverse=True)[:LAYERS_PER_PART])
 
 
 @rule("resources", "rollout", "task", "parallel")

@@ -1,16 +1,18 @@
-"""Weights from trainer rank 0 to rollout engines on the same host's GPUs through CUDA IPC.
+"""Weights from a trainer rank to the rollout engine on its GPU through CUDA IPC.
 
 Colocated placement (`resources.placement: colocate`) puts an engine on the GPU of a trainer
-rank, where NCCL cannot connect the two (it refuses two ranks on one device). Instead rank 0
+rank, where NCCL cannot connect the two (it refuses two ranks on one device). Instead the rank
 packs the HF weights into a few large GPU buckets (the layout of `weight_transfer.plan_buckets`)
-and hands out CUDA IPC handles of them: an engine maps the trainer's buckets into its own
-address space and copies from them straight into its parameters (vLLM's in-place reload), one
-device-to-device copy and no host round trip. An engine on another GPU of the host maps them
-as well (peer access), which is why a handle names its GPU by UUID: each Ray actor sees its
-own `CUDA_VISIBLE_DEVICES`, so device indices differ between the two processes.
+and hands out CUDA IPC handles of them: the engine maps the trainer's buckets into its own
+address space and copies from them on the GPU, no host round trip. An engine on another GPU of
+the host maps them as well (peer access), which is why a handle names its GPU by UUID: each Ray
+actor sees its own `CUDA_VISIBLE_DEVICES`, so device indices differ between the two processes.
 
-The trainer keeps the buckets until every engine has loaded them (`SharedWeights.release`):
-the memory behind a handle must outlive its readers.
+A sync goes a few layers at a time (`TrainerWorker.share_next_part`): the rank packs a part,
+the engine copies it out (`RolloutEngine.load_ipc_part`) and feeds the copy to vLLM's in-place
+reload, then the rank frees the part's buckets (`SharedWeights.release`) and packs the next.
+So the GPU they share holds a part twice (gathered, packed) and the engine's copy of it at
+most, where a sync of the whole model held it twice more.
 """
 
 from __future__ import annotations

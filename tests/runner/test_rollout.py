@@ -71,14 +71,40 @@ def test_weight_sync_moves_greedy_outputs_to_the_new_weights(
         seconds = engine.update_weights(load_file(new_dir / "model.safetensors").items(), version=1)
         after = engine.generate(prompts, n=1)
         counters = engine.spec_decode_counters()
+        # Back to the first weights in parts (a colocated sync's way), after an update given
+        # up part way, which leaves the engine refusing to generate.
+        parts = _layer_parts(load_file(tiny_qwen2_dir / "model.safetensors"))
+        engine.begin_update(version=2)
+        engine.load_part(parts[0])
+        engine.abort_update()
+        with pytest.raises(RuntimeError, match="did not complete"):
+            engine.generate(prompts, n=1)
+        engine.begin_update(version=3)
+        with pytest.raises(RuntimeError, match="under way"):
+            engine.begin_update(version=3)
+        for part in parts:
+            engine.load_part(part)
+        parted_seconds = engine.finish_update()
+        again = engine.generate(prompts, n=2)
     finally:
         engine.shutdown()
-    assert seconds > 0
+    assert seconds > 0 and parted_seconds > 0
     assert counters == {}
     assert [s[0].token_ids for s in after] != [s[0].token_ids for s in before]
     _assert_matches_hf(after, new_dir, prompts, tokenizer.eos_token_id)
+    _assert_matches_hf(again, tiny_qwen2_dir, prompts, tokenizer.eos_token_id)
+    assert {s.version for samples in again for s in samples} == {3}
     with pytest.raises(ValueError, match="at least one sample"):
         engine.generate(prompts, n=0)
+
+
+def _layer_parts(weights: dict[str, torch.Tensor]) -> list[list[tuple[str, torch.Tensor]]]:
+    """The tensors as a sync's parts: those outside the layers, then one part per layer."""
+    parts: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in weights.items():
+        layer = name.split(".")[2] if name.startswith("model.layers.") else ""
+        parts.setdefault(layer, []).append((name, tensor))
+    return [parts[key] for key in sorted(parts, key=lambda k: int(k) if k else -1)]
 
 
 def test_engine_refuses_a_process_with_a_distributed_group(tiny_qwen2_dir, tmp_path):

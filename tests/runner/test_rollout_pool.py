@@ -3,7 +3,9 @@ between steps (as the OOM killer would) is noticed by whichever call reaches it 
 the weight sync; Ray restarts it, the pool syncs the newest weights into it, and its greedy
 outputs are those of the new weights. An engine that Ray restarted before any call of the
 pool failed on it (it died while a weight-transfer group waited for it to join) is noticed by
-`revive` from its new pid, and synced the same way."""
+`revive` from its new pid, and synced the same way. An engine that dies part way through an
+update in parts misses the rest of the stream, which goes on to its end, and is then restarted
+and streamed into alone."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from safetensors.torch import load_file
 from mtprun.runner.rollout.pool import RolloutPool
 
 from .conftest import make_recipe
-from .test_rollout import MAX_TOKENS, _assert_matches_hf, _retrained
+from .test_rollout import MAX_TOKENS, _assert_matches_hf, _layer_parts, _retrained
 
 pytestmark = pytest.mark.slow
 
@@ -71,10 +73,37 @@ def test_engine_killed_between_steps_is_restarted_by_the_weight_sync(
         restarted = _restarted_pid(pool.actors[0])  # on the stage's initial weights
         assert pool.revive()
         again = pool.generate(prompts, n=1)
+        assert pool.restarts == 2
+        assert pool.pids[0] == restarted != killed
+        # Brought back to the newest weights, version 1.
+        assert {sample.version for samples in again for sample in samples} == {1}
+        _assert_matches_hf(again, new_dir, prompts, tokenizer.eos_token_id)
+
+        # An update in parts (a colocated sync's way) during which the engine dies: the
+        # stream is taken to its end, then the restarted engine gets a stream of its own.
+        parts = _layer_parts(load_file(new_dir / "model.safetensors"))
+        taken: list[int] = []
+
+        def stream(kill_after: int | None):
+            for k, part in enumerate(parts):
+                taken.append(k)
+                yield [part]  # engine 0's item
+                if k == kill_after:
+                    _kill(pool.pids[0])
+
+        def resync(i: int) -> float:
+            seconds, dead = pool.stream_update(stream(None), 2, [i], load="load_part")
+            assert dead == []
+            return seconds[i]
+
+        pool.resync = resync
+        killed = pool.pids[0]
+        seconds = pool.update_weights_in_parts(stream(kill_after=0), 2, load="load_part")
+        parted = pool.generate(prompts, n=1)
     finally:
         pool.shutdown()
-    assert pool.restarts == 2
-    assert pool.pids[0] == restarted != killed
-    # Brought back to the newest weights, version 1.
-    assert {sample.version for samples in again for sample in samples} == {1}
-    _assert_matches_hf(again, new_dir, prompts, tokenizer.eos_token_id)
+    assert taken == [*range(len(parts))] * 2  # the whole stream, then the resync's
+    assert pool.restarts == 3 and pool.pids[0] != killed
+    assert seconds > 0
+    assert {sample.version for samples in parted for sample in samples} == {2}
+    _assert_matches_hf(parted, new_dir, prompts, tokenizer.eos_token_id)

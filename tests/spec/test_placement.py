@@ -4,10 +4,12 @@ memory of each colocated phase is held against resources.gpu_memory_gib."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mtprun.preflight import load_recipe
-from mtprun.preflight.colocation import CONTEXT_BYTES, colocated_memory
+from mtprun.preflight.colocation import CONTEXT_BYTES, colocated_memory, sync_part_params
 from mtprun.preflight.memory import parameters, recipe_trainer_memory
 from mtprun.preflight.model_shape import recipe_shape
 from mtprun.spec.actors import ActorDemand
@@ -85,7 +87,9 @@ def test_each_colocated_phase_is_counted_and_the_largest_held_against_the_gpu(
     contexts = 2 * CONTEXT_BYTES
     assert memory.generation == trainer.weights + engine + 3 * 1024**3 + contexts
     assert memory.training == trainer.total + contexts
-    assert memory.sync == trainer.weights + 2 * engine + contexts  # the IPC buckets
+    part = 2 * sync_part_params(recipe_shape(load_recipe(path)), pp=1)
+    # Its weights and the engine's, a part gathered, packed and copied by the engine.
+    assert memory.sync == trainer.weights + engine + 3 * part + contexts
     phase, need = memory.largest()
     assert phase == "training"
     too_small = f"resources.gpu_memory_gib={need / 1024**3 - 0.5:.1f}"
@@ -95,6 +99,18 @@ def test_each_colocated_phase_is_counted_and_the_largest_held_against_the_gpu(
     assert "use resources.placement: split" in problem
     fits = f"resources.gpu_memory_gib={need / 1024**3 + 0.5:.1f}"
     assert located(path, [fits]) == []
+
+
+def test_a_syncs_largest_part_is_the_first_two_layers_with_the_rest_or_the_whole_under_pp(
+    write_recipe,
+) -> None:
+    shape = recipe_shape(load_recipe(write_recipe(COLOCATED)))
+    assert not isinstance(shape, str)
+    layer = parameters(shape) - parameters(dataclasses.replace(shape, layers=7))
+    assert layer > 0
+    # Embedding, output layer and final norm beside layers 0 and 1: all but six layers.
+    assert sync_part_params(shape, pp=1) == parameters(shape) - 6 * layer
+    assert sync_part_params(shape, pp=2) == parameters(shape)
 
 
 def test_engine_memory_share_is_checked(write_recipe, located) -> None:

@@ -34,6 +34,7 @@ from mtprun.runner.rollout.engine_lora import (
     lora_rollout_problem,
     vllm_max_lora_rank,
 )
+from mtprun.runner.rollout.part_feed import PartFeed
 from mtprun.runner.rollout.routing_capture import (
     bind_cpu_capture,
     routed_experts_problem,
@@ -268,6 +269,10 @@ class RolloutEngine:
         # Seconds inside vLLM's generate and the tokens it sampled, since the last take.
         self._generated: tuple[float, int] = (0.0, 0)
         self.version = version  # of the weights it holds: the global step that made them
+        # An update fed in parts (`begin_update`): its feed and version, and when it began.
+        self._feed: tuple[PartFeed, int] | None = None
+        self._update_start = 0.0
+        self._partial = False  # an update began and did not complete: mixed weights
         self.lora = lora
         # With LoRA: the adapter every generate names; None until the first sync.
         self.adapter: Any = None
@@ -314,6 +319,11 @@ class RolloutEngine:
 
         if n < 1:
             raise ValueError(f"n={n}: ask for at least one sample per prompt")
+        if self._partial:
+            raise RuntimeError(
+                "this engine's last weight update did not complete (its sender failed): it "
+                "holds a mix of two policies and generates again after a complete update"
+            )
         self.wake_up()  # a colocated engine that slept with its weights (LoRA's base)
         # vLLM refuses n > 1 with greedy sampling; greedy copies are identical anyway.
         temperature = self.rollout.temperature
@@ -378,36 +388,80 @@ class RolloutEngine:
             return self._update(lambda: detached, version)
         return self._update(lambda: list(detached), version)
 
-    def update_weights_ipc(self, shared: Any, version: int) -> float:
-        """Load the trainer's weights from CUDA IPC handles of its buckets
-        (`cuda_ipc.WeightHandles`), as policy `version`; returns seconds. On return the engine
-        no longer reads the buckets: the trainer may free them. A sleeping engine's KV cache
-        stays asleep until `wake_up` (after the trainer freed the buckets)."""
+    def begin_update(self, version: int) -> None:
+        """Start an update to policy `version` fed in parts: `load_part` (or `load_ipc_part`)
+        for each, then `finish_update`. The policy reads each part as it comes, so the engine
+        holds one part besides its weights; adapters and a drafter, which read the tensors
+        again, load them all at the end."""
+        if self._feed is not None:
+            raise RuntimeError("a weight update is under way on this engine: finish or abort it")
+        self._update_start = time.perf_counter()
+        self._wake_weights()
+        self._partial = True
+        load = self._install if self.lora is not None else self._reload
+        streamed = self.lora is None and self.rollout.speculative is None
+        self._feed = (PartFeed(load, streamed), version)
+
+    def load_part(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """One part of the update `begin_update` started; returns once vLLM has read it."""
+        if self._feed is None:
+            raise RuntimeError("load_part without begin_update: no weight update is under way")
+        self._feed[0].feed(named)
+
+    def load_ipc_part(self, shared: Any) -> None:
+        """One part from CUDA IPC handles of a trainer rank's buckets (`cuda_ipc.WeightHandles`),
+        copied out of them at once: on return the trainer may free them."""
         from mtprun.runner.cuda_ipc import open_weights
 
-        return self._update(lambda: open_weights(shared), version, wake_cache=False)
+        part = [(name, t.clone()) for name, t in open_weights(shared)]
+        torch.cuda.synchronize()  # the copies have run before the trainer frees the buckets
+        self.load_part(part)
 
-    def _update(self, weights: Any, version: int, wake_cache: bool = True) -> float:
+    def finish_update(self) -> float:
+        """End the update `begin_update` started; returns its seconds. A sleeping colocated
+        engine's KV cache stays asleep until `wake_up` (after the trainer freed its buckets)."""
+        if self._feed is None:
+            raise RuntimeError("finish_update without begin_update: no weight update is under way")
+        (feed, version), self._feed = self._feed, None
+        feed.finish()
+        self._loaded(version, wake_cache=False)
+        return time.perf_counter() - self._update_start
+
+    def abort_update(self) -> None:
+        """Give up the update under way (its sender failed): the engine refuses to generate
+        until a complete update has loaded."""
+        if self._feed is not None:
+            (feed, _), self._feed = self._feed, None
+            feed.abort()
+
+    def _update(self, weights: Any, version: int) -> float:
         """`weights()` into the engine. A sleeping colocated engine wakes its weights first
-        and its KV cache only after the load, so the KV cache never shares the GPU with the
-        trainer's staged copy."""
+        (and its KV cache after the load)."""
         start = time.perf_counter()
-        if "weights" in self._asleep:
-            self.llm.wake_up(tags=["weights"])
-            self._asleep.remove("weights")
+        self._wake_weights()
+        self._partial = True  # until the load completes: a failed one leaves a mixed model
         loaded = weights()
         if self.lora is not None:
             self._install(loaded)
         else:
             self._reload(loaded)
         del loaded
+        self._loaded(version, wake_cache=True)
+        return time.perf_counter() - start
+
+    def _wake_weights(self) -> None:
+        if "weights" in self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep.remove("weights")
+
+    def _loaded(self, version: int, wake_cache: bool) -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # every copy out of the sender's tensors has run
         self.version = version
+        self._partial = False
         if wake_cache:
             self.wake_up()
         self.llm.reset_prefix_cache()
-        return time.perf_counter() - start
 
     @property
     def asleep(self) -> bool:
@@ -434,7 +488,7 @@ class RolloutEngine:
         if "weights" in self._asleep and self._sleep_level == 2:
             raise RuntimeError(
                 "the colocated engine slept without its weights (level 2): a weight sync wakes "
-                "it (update_weights / update_weights_ipc)"
+                "it (update_weights, or begin_update ... finish_update)"
             )
         start = time.perf_counter()
         self.llm.wake_up(tags=self._asleep)

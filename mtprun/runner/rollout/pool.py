@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -193,12 +193,56 @@ class RolloutPool:
         calls = {i: (weights_ref, version) for i in range(len(self.actors))}
         return max(self._on_engines("update_weights", calls).values())
 
-    def update_weights_ipc(self, handles: list[Any], version: int) -> float:
-        """Sync policy `version` into engine i from trainer rank i's CUDA IPC `handles`
-        (colocated); returns the slowest engine's seconds."""
+    def update_weights_in_parts(
+        self, parts: Iterable[list[Any]], version: int, load: str = "load_ipc_part"
+    ) -> float:
+        """Sync policy `version` into every engine part by part (`stream_update`); an engine
+        that died meanwhile is restarted and re-synced once the stream ended. Returns the
+        slowest engine's seconds."""
+        seconds, dead = self.stream_update(parts, version, range(len(self.actors)), load)
+        for i in dead:
+            log.warning("rollout engine %d (pid %s) died during a weight sync", i, self.pids[i])
+            seconds[i] = self._recover(i) or 0.0
+        return max(seconds.values())
+
+    def stream_update(
+        self,
+        parts: Iterable[list[Any]],
+        version: int,
+        engines: Iterable[int],
+        load: str = "load_ipc_part",
+    ) -> tuple[dict[int, float], list[int]]:
+        """Policy `version` into `engines`: `parts` yields each part as one item per engine
+        (colocated: trainer rank i's CUDA IPC handles for engine i), which engine i loads
+        (`load`: `load_ipc_part`, or `load_part` for tensors) before the next part is asked
+        for. The whole stream is taken even when an engine dies (the trainer's ranks gather
+        every part together): the engine misses the rest. Returns each finished engine's
+        seconds and the engines that died; a failing `parts` aborts the engines' updates."""
         self._weights = None  # an older object-store copy must never reach a restarted engine
-        calls = {i: (handles[i], version) for i in range(len(self.actors))}
-        return max(self._on_engines("update_weights_ipc", calls).values())
+        engines = list(engines)
+        live = list(self._each("begin_update", {i: (version,) for i in engines}))
+        try:
+            for part in parts:
+                live = list(self._each(load, {i: (part[i],) for i in live}))
+        except BaseException:
+            if isinstance(parts, Generator):
+                parts.close()  # now, not when the traceback goes: the trainer's ranks end it
+            self._each("abort_update", {i: () for i in live})
+            raise
+        seconds = self._each("finish_update", {i: () for i in live})
+        return seconds, [i for i in engines if i not in seconds]
+
+    def _each(self, method: str, calls: dict[int, tuple]) -> dict[int, Any]:
+        """`method(*args)` on engine i for each i of `calls`, concurrently; the answers of
+        those that did not die (no retry: a part of a stream is not sent twice)."""
+        refs = {i: getattr(self.actors[i], method).remote(*args) for i, args in calls.items()}
+        answers = {}
+        for i, ref in refs.items():
+            try:
+                answers[i] = ray.get(ref)
+            except (RayActorError, ActorUnavailableError):
+                continue
+        return answers
 
     def sleep(self) -> float:
         """Colocated: every engine releases its GPU memory for the trainer's step; returns

@@ -62,10 +62,24 @@ class RolloutWorker:
         object store, as policy `version`; returns seconds in vLLM."""
         return self.engine.update_weights(weights.items(), version)
 
-    def update_weights_ipc(self, handles: Any, version: int) -> float:
-        """The trainer rank's weights from CUDA IPC handles (colocated), as policy `version`;
-        returns seconds in vLLM."""
-        return self.engine.update_weights_ipc(handles, version)
+    def begin_update(self, version: int) -> None:
+        """An update to policy `version` fed in parts (colocated: `load_ipc_part` each)."""
+        self.engine.begin_update(version)
+
+    def load_part(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """One part as tensors (through Ray's object store)."""
+        self.engine.load_part(named)
+
+    def load_ipc_part(self, handles: Any) -> None:
+        """One part from the CUDA IPC handles of the trainer rank beside this engine."""
+        self.engine.load_ipc_part(handles)
+
+    def finish_update(self) -> float:
+        """Returns the update's seconds in vLLM."""
+        return self.engine.finish_update()
+
+    def abort_update(self) -> None:
+        self.engine.abort_update()
 
     def sleep(self) -> float:
         return self.engine.sleep()

@@ -4,8 +4,9 @@
 transfer group (mtprun/runner/weight_transfer.py), formed again whenever its members changed
 (a restarted engine or trainer is a new process: it joins the next generation of the group).
 `object_store`: rank 0 puts them into Ray's object store and each engine fetches them.
-`cuda_ipc` (colocated placement): each trainer rank packs them on its GPU and the engine beside
-it copies them from there through CUDA IPC handles (mtprun/runner/cuda_ipc.py).
+`cuda_ipc` (colocated placement): each trainer rank packs them on its GPU a few layers at a time
+and the engine beside it copies each part from there through CUDA IPC handles
+(mtprun/runner/cuda_ipc.py) before the rank packs the next.
 With LoRA (`model.lora`) both move the adapters alone: the engines keep the frozen base they
 started from (TrainerWorker._sync_payload, RolloutEngine.update_weights).
 
@@ -65,29 +66,25 @@ class WeightSync:
         return engine_s, trainer.sync_bytes
 
     def _through_cuda_ipc(self, trainer: TrainerGroup) -> tuple[float, int]:
-        """Colocated: each trainer rank packs the weights on its GPU, the engine beside it
-        copies them from there; the ranks free their buckets once every engine is done."""
+        """Colocated: each trainer rank packs the weights on its GPU a few layers at a time,
+        the engine beside it copies each part from there before the rank packs the next."""
         with trainer.lock:
-            handles = trainer.share_weights()
-            try:
-                engine_s = self.pool.update_weights_ipc(handles, trainer.version)
-            finally:
-                trainer.release_shared()
+            engine_s = self.pool.update_weights_in_parts(trainer.shared_parts(), trainer.version)
         # The KV caches last, into the memory the buckets held.
         return engine_s + self.pool.wake_up(), trainer.sync_bytes
 
     def _resync_through_cuda_ipc(self, engine: int) -> float:
-        """A restarted colocated engine gets its rank's current weights."""
+        """A restarted colocated engine gets its rank's current weights, streamed into it
+        alone (its peers take the ranks' parts too and drop them)."""
         trainer = self._trainer()
         with trainer.lock:
-            handles = trainer.share_weights()
-            try:
-                actor: Any = self.pool.actors[engine]
-                loaded = actor.update_weights_ipc.remote(handles[engine], trainer.version)
-                seconds = ray.get(loaded)
-            finally:
-                trainer.release_shared()
-        return seconds + ray.get(actor.wake_up.remote())
+            seconds, dead = self.pool.stream_update(
+                trainer.shared_parts(), trainer.version, [engine]
+            )
+        if dead:
+            raise RuntimeError(f"rollout engine {engine} died again while it was re-synced")
+        actor: Any = self.pool.actors[engine]
+        return seconds[engine] + ray.get(actor.wake_up.remote())
 
     def _broadcast(self, trainer: TrainerGroup) -> tuple[float, int]:
         self.pool.revive()  # a dead member would hold the group's formation until its timeout

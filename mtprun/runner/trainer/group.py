@@ -10,6 +10,7 @@ group from the newest checkpoint (Driver._restart_trainer)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import ray
@@ -168,15 +169,25 @@ class TrainerGroup:
     def onload(self) -> float:
         return max(self._all("onload"))
 
-    def share_weights(self) -> list[Any]:
-        """Colocated: each rank's CUDA IPC handles of the sync payload (see
-        TrainerWorker.share_weights), in rank order; `sync_bytes` becomes its size."""
-        shared = self._all("share_weights")
-        self.sync_bytes = shared[0][1]
-        return [handles for handles, _ in shared]
-
-    def release_shared(self) -> None:
-        self._all("release_shared")
+    def shared_parts(self) -> Iterator[list[Any]]:
+        """Colocated: the sync payload a part at a time, each rank's copy of the part packed
+        on its GPU (TrainerWorker.share_next_part): yields the part's CUDA IPC handles in rank
+        order, valid until the next part is asked for; `sync_bytes` becomes the parts' total.
+        Closing it part way takes the ranks to the stream's end (they gather each part
+        together) and frees the last part's buckets."""
+        self.sync_bytes = 0
+        ended = False
+        try:
+            while (shared := self._all("share_next_part"))[0] is not None:
+                self.sync_bytes += shared[0][1]
+                yield [handles for handles, _ in shared]
+            ended = True  # each rank freed its last part and closed its stream
+        except TrainerDied:
+            ended = True  # the group is restarted, its ranks' streams with it
+            raise
+        finally:
+            if not ended:
+                self._all("release_shared")
 
     def transfer_address(self) -> tuple[str, int]:
         """Where the engines join rank 0's weight-transfer group."""

@@ -285,7 +285,7 @@ class Trainer:
         return megatron_to_hf(full, self.shape)
 
     def hf_state_dict_chunks(
-        self, root_only: bool = False, layers: int = whole_model.LAYERS_PER_CHUNK
+        self, root_only: bool = False, layers: int = whole_model.LAYERS_PER_PART
     ) -> Iterator[dict[str, torch.Tensor]]:
         """`hf_state_dict` `layers` decoder layers at a time (`whole_model_chunks`; with LoRA,
         or under pipeline parallelism, in one part). Every process of the gather takes all."""

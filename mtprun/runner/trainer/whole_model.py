@@ -13,14 +13,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from mtprun.models import ModelShape, ep_layout, tp_layout
-from mtprun.models.decoder import converts_outside
+from mtprun.models.decoder import LAYERS_PER_PART, converts_outside
 from mtprun.models.pp_layout import PipelineStage, global_tensors, layer_of
 from mtprun.models.tp_layout import gather_state_dict
-
-# A weight sync's stream gathers and converts this many decoder layers at a time: rank 0
-# holds their whole tensors (and the embedding and output layer with the first), not the
-# whole model's.
-LAYERS_PER_CHUNK = 2
 
 
 def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -86,7 +81,7 @@ def whole_model_chunks(
     stage: PipelineStage,
     root_only: bool,
     convert: Callable[..., dict[str, torch.Tensor]],
-    layers: int = LAYERS_PER_CHUNK,
+    layers: int = LAYERS_PER_PART,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """`convert(gather_whole_model(...))` in parts of `layers` decoder layers, the tensors
     outside the layers with the first: `convert(tensors, part=range)` (as `megatron_to_hf`)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ class TrainerWorker:
         self.reference: Any = None
         self.transfer: Any = None  # rank 0: the weight-transfer store and group (TransferHost)
         self.offloaded: Any = None  # colocated: the state on the host while engines generate
-        self.shared: Any = None  # colocated: the weights its engine maps (cuda_ipc)
+        self.shared: Any = None  # colocated: the part its engine maps now (cuda_ipc)
+        self.shared_parts: Any = None  # colocated: the sync's parts still to share
         # Whether rank 0's whole-model gathers need this rank (`ranks_gathering_for`).
         self.gathers_for_rank0 = True
 
@@ -101,6 +103,14 @@ class TrainerWorker:
             return self.trainer.adapter_state_dict(root_only)
         return self.trainer.hf_state_dict(root_only)
 
+    def _sync_parts(self, root_only: bool) -> Iterator[dict[str, torch.Tensor]]:
+        """`_sync_payload` a few layers at a time (`Trainer.hf_state_dict_chunks`), so no rank
+        holds the whole model twice; with LoRA the adapters, one part. A collective over the
+        ranks of the gather, part by part: every rank takes every part."""
+        if self.trainer.recipe.model.lora is not None:
+            return iter([self.trainer.adapter_state_dict(root_only)])
+        return self.trainer.hf_state_dict_chunks(root_only)
+
     def offload(self) -> tuple[float, int]:
         """Colocated: optimizer state to the host, gradients released, while the engine on
         this GPU generates; returns (seconds, GPU bytes freed)."""
@@ -118,16 +128,33 @@ class TrainerWorker:
             self.offloaded.to_device()
         return time.perf_counter() - start
 
-    def share_weights(self) -> Any:
-        """Colocated: what a sync moves, packed into buckets on this GPU; returns their CUDA
-        IPC handles for the engine beside this rank (every rank gathers the whole model, so
-        each one serves its own engine). Kept until `release_shared`."""
+    def share_next_part(self) -> tuple[Any, int] | None:
+        """Colocated: the next part of what a sync moves (`_sync_parts`; every rank gathers it,
+        so each serves the engine beside it) packed into buckets on this GPU; returns their
+        CUDA IPC handles and bytes, or None after the last part. The previous part's buckets
+        are freed first: its engine has copied them. A collective over the ranks."""
         from mtprun.runner.cuda_ipc import SharedWeights
 
-        self.shared = SharedWeights(self._sync_payload(root_only=False))
+        self._free_shared()
+        if self.shared_parts is None:
+            self.shared_parts = self._sync_parts(root_only=False)
+        part = next(self.shared_parts, None)
+        if part is None:
+            self.shared_parts = None
+            return None
+        self.shared = SharedWeights(part)
         return self.shared.handles, self.shared.nbytes
 
     def release_shared(self) -> None:
+        """End a stream of shared parts: the last part's buckets freed, and a stream left part
+        way (an engine or the driver failed) taken to its end: this rank's share of the
+        remaining parts' gathers, which its peers are in."""
+        self._free_shared()
+        parts, self.shared_parts = self.shared_parts, None
+        for _ in parts or ():
+            pass
+
+    def _free_shared(self) -> None:
         if self.shared is not None:
             self.shared.release()
             self.shared = None
@@ -153,10 +180,7 @@ class TrainerWorker:
         and returns the bytes each engine received."""
         if not self.gathers_for_rank0:
             return None
-        if self.trainer.recipe.model.lora is not None:
-            parts = iter([self.trainer.adapter_state_dict(root_only=True)])
-        else:  # a few layers at a time: rank 0 never holds the whole model
-            parts = self.trainer.hf_state_dict_chunks(root_only=True)
+        parts = self._sync_parts(root_only=True)
         try:
             return self.transfer.group.send_parts(parts) if self.rank == 0 else None
         finally:  # this rank's share of the parts' gathers, also after a failed broadcast
