@@ -1,8 +1,8 @@
 """GPU benchmark: what trainer rank 0 holds and how long it takes to send a weight sync, the
 whole model gathered at once (as before 2026-11-29) against the stream of parts the sync
 sends now (`whole_model_chunks`, `TransferGroup.send_parts`); and the same for a colocated
-sync through CUDA IPC (`cuda_ipc.SharedWeights` of the whole model, against one part at a
-time packed, copied by the engine and freed).
+sync through CUDA IPC (the whole model packed into buckets as `cuda_ipc.SharedWeights` packs
+it, against one part at a time packed, copied by the engine and freed).
 
     python bench/sync_memory_gpu.py --shape qwen3-8b
     python bench/sync_memory_gpu.py --shape 1.5b --json bench/logs/sync_memory.json
@@ -32,12 +32,18 @@ from trainer_gpu import SHAPES, model_folder
 
 from mtprun.models import ModelShape, megatron_to_hf
 from mtprun.models.pp_layout import PipelineStage
-from mtprun.runner.cuda_ipc import SharedWeights
+from mtprun.runner.cuda_ipc import IPC_BUCKET_BYTES
 from mtprun.runner.net import free_port
 from mtprun.runner.trainer.model import load_policy_model
 from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
 from mtprun.runner.trainer.whole_model import gather_whole_model, model_tensors, whole_model_chunks
-from mtprun.runner.weight_transfer import TransferHost
+from mtprun.runner.weight_transfer import (
+    TransferHost,
+    dtype_name,
+    pack_bucket,
+    plan_buckets,
+    slots_by_bucket,
+)
 from mtprun.spec.parallel import ParallelSection
 
 GIB = 1 << 30
@@ -84,26 +90,35 @@ def _send(host: TransferHost, payload: Callable[[], Iterable[dict]]) -> int:
     return host.group.send_parts(payload())
 
 
+def _pack(weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """`weights` packed into GPU buckets as `cuda_ipc.SharedWeights` packs them, without the
+    IPC export: with no engine process to open and close the handles, torch would keep every
+    exported bucket allocated (in its IPC limbo) past its release."""
+    layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in weights.items()]
+    slots, sizes = plan_buckets(layout, IPC_BUCKET_BYTES)
+    held = slots_by_bucket(slots)
+    device = next(iter(weights.values())).device
+    return [pack_bucket(weights, held.get(b, []), size, device) for b, size in enumerate(sizes)]
+
+
 def _share_whole(payload: Callable[[], Iterable[dict]]) -> int:
     """The colocated sync before parts: the whole model packed, the engine reading the
     buckets in place."""
     (weights,) = payload()
-    shared = SharedWeights(weights)
+    buckets = _pack(weights)
     del weights
-    shared.release()
-    return shared.nbytes
+    return sum(b.numel() for b in buckets)
 
 
 def _share_parts(payload: Callable[[], Iterable[dict]]) -> int:
     """A part packed, the engine's copy of it taken, the part freed; then the next."""
     sent = 0
     for part in payload():
-        shared = SharedWeights(part)
+        buckets = _pack(part)
         del part
-        engine_copy = [bucket.clone() for bucket in shared.buckets]
-        sent += shared.nbytes
-        del engine_copy
-        shared.release()
+        engine_copy = [bucket.clone() for bucket in buckets]
+        sent += sum(b.numel() for b in buckets)
+        del engine_copy, buckets
     return sent
 
 

@@ -72,6 +72,9 @@ class SharedWeights:
     def release(self) -> None:
         """Free the buckets (every engine has loaded them)."""
         self.buckets = []
+        # A bucket an engine had not closed yet when it was dropped waits in torch's IPC
+        # limbo; this frees those closed since.
+        torch.cuda.ipc_collect()
         torch.cuda.empty_cache()
 
 

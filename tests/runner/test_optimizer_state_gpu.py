@@ -6,8 +6,6 @@ test_adamw_kernel.py, interpreted)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -17,6 +15,7 @@ if not torch.cuda.is_available():
 from mtprun.compiler import compile_recipe
 from mtprun.runner.trainer.trainer import Trainer
 from mtprun.runner.trainer.triton_adamw import TritonAdamW
+from mtprun.runner.trainer.worker import save_without_checksums
 
 from .conftest import make_recipe, random_packed_batch
 
@@ -71,11 +70,15 @@ def test_bf16_moments_train_like_float32_ones_in_half_the_bytes(megatron_tp1, ti
 
 
 @pytest.mark.parametrize("moments", ["float32", "bfloat16"])
-def test_a_checkpoint_resumes_the_optimizer_exactly(megatron_tp1, tiny_qwen3_dir, moments):
+def test_a_checkpoint_resumes_the_optimizer_exactly(
+    megatron_tp1, tiny_qwen3_dir, moments, tmp_path
+):
     trainer = _trainer(tiny_qwen3_dir, moments)
     batches = _batches(trainer.shape.vocab)
     trainer.train_step(batches)
-    state = copy.deepcopy(trainer.state_dict())
+    # Through the checkpoint's file, as TrainerWorker.save and .load write and read it.
+    save_without_checksums(trainer.state_dict(), tmp_path / "trainer_rank0.pt")
+    state = torch.load(tmp_path / "trainer_rank0.pt", map_location="cpu", weights_only=False)
     continued = trainer.train_step(batches)
 
     resumed = _trainer(tiny_qwen3_dir, moments)

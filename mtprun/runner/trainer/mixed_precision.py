@@ -191,10 +191,12 @@ def _inner_state(shard: Any) -> dict:
 
 
 def _local_state(shard: Any) -> list[dict[str, torch.Tensor]]:
-    """Per master slice of this rank: the weights ("param") and the Adam moments."""
+    """Per master slice of this rank: the weights ("param") and the Adam moments, as plain
+    tensors on the same storage (a master parameter carries Python attributes, e.g. clipping's
+    weak reference to its optimizer, which a checkpoint's pickle cannot hold)."""
     state = _inner_state(shard)
     return [
-        {"param": p, **{k: v for k, v in state[p].items() if k != "step"}}
+        {"param": p.detach(), **{k: v.detach() for k, v in state[p].items() if k != "step"}}
         for p in _master_params(shard)
     ]
 
