@@ -198,11 +198,14 @@ class TrainerWorker:
         if not self.gathers_for_rank0:  # rank 0 writes the folders from its gathers alone
             return seconds
         start = time.perf_counter()
-        # To the host a few layers at a time: the GPU never holds the whole model.
+        # A few layers at a time: neither the GPU nor the host holds the whole model.
         parts = self.trainer.hf_state_dict_chunks(root_only=True)
-        weights = {name: t.cpu() for part in parts for name, t in part.items()}
-        if self.rank == 0:
-            save_hf_folder(weights, self.model_dir, target / HF_FOLDER)
+        try:
+            if self.rank == 0:
+                save_hf_folder(parts, self.model_dir, target / HF_FOLDER)
+        finally:  # the other ranks' share of the parts' gathers, also after a failed write
+            for _ in parts:
+                pass
         lora = self.trainer.recipe.model.lora
         if lora is not None:
             adapters = self.trainer.adapter_state_dict(root_only=True)
