@@ -8,7 +8,7 @@ transfer group (mtprun/runner/weight_transfer.py), formed again whenever its mem
 and the engine beside it copies each part from there through CUDA IPC handles
 (mtprun/runner/cuda_ipc.py) before the rank packs the next.
 With LoRA (`model.lora`) both move the adapters alone: the engines keep the frozen base they
-started from (TrainerWorker._sync_payload, RolloutEngine.update_weights).
+started from (TrainerWorker._sync_parts, RolloutEngine.update_weights).
 
 An engine restarted mid-step is brought to the trainer's current weights through the object
 store (the broadcast needs every member; the engine rejoins the group at the next sync); a

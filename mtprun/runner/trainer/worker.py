@@ -86,27 +86,24 @@ class TrainerWorker:
             return model.logprobs(batches)
 
     def sync_weights(self) -> tuple[dict[str, torch.Tensor] | None, int]:
-        """The ranks of rank 0's gathers gather what a weight sync moves (`_sync_payload`);
-        rank 0 returns it and its bytes, the other ranks (None, 0)."""
+        """The ranks of rank 0's gathers gather what a weight sync moves (`_sync_parts`), a
+        few layers at a time, and rank 0 moves each part to the host as it comes: rank 0
+        returns the payload on the host (its GPU held one part of it) and its bytes, the
+        other ranks (None, 0). On the host, the engines load it without a GPU copy of it."""
         if not self.gathers_for_rank0:
             return None, 0
-        weights = self._sync_payload(root_only=True)
+        parts = self._sync_parts(root_only=True)
+        weights = {name: t.cpu() for part in parts for name, t in part.items()}
         if self.rank != 0:
             return None, 0
         return weights, sum(t.numel() * t.element_size() for t in weights.values())
 
-    def _sync_payload(self, root_only: bool) -> dict[str, torch.Tensor]:
-        """The full HF weights, or with LoRA the adapters alone under PEFT's names: the engines
-        serve the frozen base they started from with them; with `root_only` on rank 0 alone.
-        A collective over the ranks of the gather."""
-        if self.trainer.recipe.model.lora is not None:
-            return self.trainer.adapter_state_dict(root_only)
-        return self.trainer.hf_state_dict(root_only)
-
     def _sync_parts(self, root_only: bool) -> Iterator[dict[str, torch.Tensor]]:
-        """`_sync_payload` a few layers at a time (`Trainer.hf_state_dict_chunks`), so no rank
-        holds the whole model twice; with LoRA the adapters, one part. A collective over the
-        ranks of the gather, part by part: every rank takes every part."""
+        """What a weight sync moves, a few layers at a time (`Trainer.hf_state_dict_chunks`:
+        no rank holds the whole model twice), with `root_only` on rank 0 alone; with LoRA the
+        adapters alone under PEFT's names, one part (the engines serve the frozen base they
+        started from with them). A collective over the ranks of the gather, part by part:
+        every rank takes every part."""
         if self.trainer.recipe.model.lora is not None:
             return iter([self.trainer.adapter_state_dict(root_only)])
         return self.trainer.hf_state_dict_chunks(root_only)
@@ -175,8 +172,8 @@ class TrainerWorker:
         self.transfer.form(generation, world_size)
 
     def send_weights(self) -> int | None:
-        """The ranks of rank 0's gathers gather what a weight sync moves (as `_sync_payload`,
-        a few layers at a time); rank 0 broadcasts each part to the engines as it is gathered
+        """The ranks of rank 0's gathers gather what a weight sync moves (`_sync_parts`);
+        rank 0 broadcasts each part to the engines as it is gathered
         and returns the bytes each engine received."""
         if not self.gathers_for_rank0:
             return None
