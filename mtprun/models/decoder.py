@@ -141,12 +141,6 @@ def to_megatron(hf: Tensors, shape: ModelShape, experts: range) -> dict:
     return out
 
 
-# A weight sync or checkpoint takes the model this many decoder layers at a time: the rank
-# that gathers holds their whole tensors (and those outside the layers with the first part),
-# not the whole model's.
-LAYERS_PER_PART = 2
-
-
 def part_layers(shape: ModelShape, part: range | None) -> range:
     """The decoder layers a conversion of `part` covers (None: the whole model)."""
     return range(shape.layers) if part is None else range(part.start, min(part.stop, shape.layers))

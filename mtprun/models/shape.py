@@ -53,6 +53,11 @@ _DEFAULT_RMS_NORM_EPS = 1e-6
 _DEFAULT_ROPE_THETA = 10000.0
 _DEFAULT_MAX_SEQ_LEN = 2048
 
+# A weight sync or checkpoint takes a model this many decoder layers at a time (its parts,
+# `mtprun.models.decoder.part_layers`): the rank that gathers holds their whole tensors (and
+# those outside the layers with the first part), not the whole model's.
+LAYERS_PER_PART = 2
+
 
 @dataclass(frozen=True)
 class ModelShape:

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from mtprun.models import ModelShape
-from mtprun.models.decoder import LAYERS_PER_PART
+from mtprun.models.shape import LAYERS_PER_PART, ModelShape
 from mtprun.preflight.memory import (
     GIB,
     layer_params,

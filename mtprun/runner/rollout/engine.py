@@ -397,7 +397,6 @@ class RolloutEngine:
             raise RuntimeError("a weight update is under way on this engine: finish or abort it")
         self._update_start = time.perf_counter()
         self._wake_weights()
-        self._partial = True
         load = self._install if self.lora is not None else self._reload
         streamed = self.lora is None and self.rollout.speculative is None
         self._feed = (PartFeed(load, streamed), version)
@@ -439,7 +438,6 @@ class RolloutEngine:
         (and its KV cache after the load)."""
         start = time.perf_counter()
         self._wake_weights()
-        self._partial = True  # until the load completes: a failed one leaves a mixed model
         loaded = weights()
         if self.lora is not None:
             self._install(loaded)
@@ -518,8 +516,9 @@ class RolloutEngine:
         # loaded from it, and fail).
         self.adapter = LoRARequest(f"policy-{lora_id}", lora_id, lora_path="in-memory")
 
-    def _reload(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+    def _reload(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Full HF-named weights into the policy in place (and its MTP drafter)."""
+        self._partial = True  # until the load completes: a failed one leaves a mixed model
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.rollout.speculative is not None:
             self.llm.collective_rpc(_reload_drafter, args=(weights,))

@@ -13,8 +13,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from mtprun.models import ModelShape, ep_layout, tp_layout
-from mtprun.models.decoder import LAYERS_PER_PART, converts_outside
+from mtprun.models.decoder import converts_outside
 from mtprun.models.pp_layout import PipelineStage, global_tensors, layer_of
+from mtprun.models.shape import LAYERS_PER_PART
 from mtprun.models.tp_layout import gather_state_dict
 
 
