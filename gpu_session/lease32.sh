@@ -1,5 +1,7 @@
 # Lease 32 (nineteenth session, one H200): the colocated sync in parts (CUDA IPC a part at a time).
-# calls 1..K: carry .carry_d/pN: mkdir -p /tmp/chunks && cp .carry_d/pN/* /tmp/chunks/
+# calls 1..2: carry .carry_d/pN: mkdir -p /tmp/chunks && cp .carry_d/pN/* /tmp/chunks/
+#   (.carry_d: mlflow 3.17.2, datasets, math-verify, renderers, ray 2.52.1, megatron-core 0.16.1,
+#   pydantic, ruamel: restaged 2026-11-29 with megatron <0.17; it replaces .carry p1/p2)
 # calls: carry .carry_v/pN: mkdir -p /tmp/chunks_v && cp .carry_v/pN/* /tmp/chunks_v/
 # then: bash gpu_session/lease32.sh setup ; ... testA ; testB ; mem
 set -u

@@ -11,8 +11,8 @@ actor sees its own `CUDA_VISIBLE_DEVICES`, so device indices differ between the 
 A sync goes a few layers at a time (`TrainerWorker.share_next_part`): the rank packs a part,
 the engine copies it out (`RolloutEngine.load_ipc_part`) and feeds the copy to vLLM's in-place
 reload, then the rank frees the part's buckets (`SharedWeights.release`) and packs the next.
-So the GPU they share holds a part twice (gathered, packed) and the engine's copy of it at
-most, where a sync of the whole model held it twice more.
+So the GPU they share holds at most a part three times (gathered, packed, the engine's copy)
+beside the two models, where a sync of the whole model held the whole model twice more.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ class UpdateAborted(RuntimeError):
 
 
 class PartFeed:
+    """`load` fed part by part: `feed` each part, then `finish` (or `abort`)."""
+
     def __init__(self, load: Callable[[Iterable[tuple[str, torch.Tensor]]], Any], streamed: bool):
         self._load = load
         self.streamed = streamed
