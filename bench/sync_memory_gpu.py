@@ -32,18 +32,12 @@ from trainer_gpu import SHAPES, model_folder
 
 from mtprun.models import ModelShape, megatron_to_hf
 from mtprun.models.pp_layout import PipelineStage
-from mtprun.runner.cuda_ipc import IPC_BUCKET_BYTES
+from mtprun.runner.cuda_ipc import pack_weights
 from mtprun.runner.net import free_port
 from mtprun.runner.trainer.model import load_policy_model
 from mtprun.runner.trainer.parallel import destroy_parallel, init_parallel
 from mtprun.runner.trainer.whole_model import gather_whole_model, model_tensors, whole_model_chunks
-from mtprun.runner.weight_transfer import (
-    TransferHost,
-    dtype_name,
-    pack_bucket,
-    plan_buckets,
-    slots_by_bucket,
-)
+from mtprun.runner.weight_transfer import TransferHost
 from mtprun.spec.parallel import ParallelSection
 
 GIB = 1 << 30
@@ -90,22 +84,16 @@ def _send(host: TransferHost, payload: Callable[[], Iterable[dict]]) -> int:
     return host.group.send_parts(payload())
 
 
-def _pack(weights: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """`weights` packed into GPU buckets as `cuda_ipc.SharedWeights` packs them, without the
-    IPC export: with no engine process to open and close the handles, torch would keep every
-    exported bucket allocated (in its IPC limbo) past its release."""
-    layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in weights.items()]
-    slots, sizes = plan_buckets(layout, IPC_BUCKET_BYTES)
-    held = slots_by_bucket(slots)
-    device = next(iter(weights.values())).device
-    return [pack_bucket(weights, held.get(b, []), size, device) for b, size in enumerate(sizes)]
+# The colocated ways pack as `cuda_ipc.SharedWeights` does, without its IPC export: with no
+# engine process to open and close the handles, torch would keep every exported bucket
+# allocated (in its IPC limbo) past its release.
 
 
 def _share_whole(payload: Callable[[], Iterable[dict]]) -> int:
     """The colocated sync before parts: the whole model packed, the engine reading the
     buckets in place."""
     (weights,) = payload()
-    buckets = _pack(weights)
+    _, buckets = pack_weights(weights)
     del weights
     return sum(b.numel() for b in buckets)
 
@@ -114,7 +102,7 @@ def _share_parts(payload: Callable[[], Iterable[dict]]) -> int:
     """A part packed, the engine's copy of it taken, the part freed; then the next."""
     sent = 0
     for part in payload():
-        buckets = _pack(part)
+        _, buckets = pack_weights(part)
         del part
         engine_copy = [bucket.clone() for bucket in buckets]
         sent += sum(b.numel() for b in buckets)

@@ -52,13 +52,7 @@ class SharedWeights:
         first = next(iter(weights.values()))
         if first.device.type != "cuda":
             raise ValueError(f"CUDA IPC shares GPU tensors; the weights are on {first.device}")
-        layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in weights.items()]
-        slots, sizes = plan_buckets(layout, bucket_bytes)
-        held = slots_by_bucket(slots)
-        self.buckets = [
-            pack_bucket(weights, held.get(bucket, []), size, first.device)
-            for bucket, size in enumerate(sizes)
-        ]
+        layout, self.buckets = pack_weights(weights, bucket_bytes)
         torch.cuda.synchronize(first.device)  # the readers run on other processes' streams
         self.handles = WeightHandles(
             layout,
@@ -67,7 +61,7 @@ class SharedWeights:
             [reduce_tensor(bucket)[1] for bucket in self.buckets],
             gpu_uuid(first.device.index),
         )
-        self.nbytes = sum(sizes)
+        self.nbytes = sum(bucket.numel() for bucket in self.buckets)
 
     def release(self) -> None:
         """Free the buckets (every engine has loaded them)."""
@@ -76,6 +70,19 @@ class SharedWeights:
         # limbo; this frees those closed since.
         torch.cuda.ipc_collect()
         torch.cuda.empty_cache()
+
+
+def pack_weights(
+    weights: dict[str, torch.Tensor], bucket_bytes: int = IPC_BUCKET_BYTES
+) -> tuple[list[tuple[str, str, list[int]]], list[torch.Tensor]]:
+    """`weights` packed into uint8 buckets on their device in `plan_buckets`' layout:
+    (layout, buckets), what `SharedWeights` exports and `open_weights` unpacks."""
+    layout = [(n, dtype_name(t.dtype), list(t.shape)) for n, t in weights.items()]
+    slots, sizes = plan_buckets(layout, bucket_bytes)
+    held = slots_by_bucket(slots)
+    device = next(iter(weights.values())).device
+    buckets = [pack_bucket(weights, held.get(b, []), size, device) for b, size in enumerate(sizes)]
+    return layout, buckets
 
 
 def open_weights(shared: WeightHandles) -> list[tuple[str, torch.Tensor]]:
