@@ -66,8 +66,7 @@ def colocated_memory(recipe: Recipe) -> ColocatedMemory | str:
     width = 2 if recipe.model.dtype == "bfloat16" else 4
     engine_weights = parameters(shape) * width
     # A part gathered, packed and copied by the engine; LoRA: the adapters alone.
-    synced = 3 * sync_part_params(shape, recipe.parallel.pp) * width
-    synced = synced if recipe.model.lora is None else 0
+    synced = 0 if recipe.model.lora else 3 * sync_part_params(shape, recipe.parallel.pp) * width
     return ColocatedMemory(
         generation=trainer.weights
         + engine_weights

@@ -50,10 +50,10 @@ class PartFeed:
             self._collected.extend(part)
             return
         if self._ended:  # nothing would read it
-            raise self._failure("before it took every part fed to it")
+            raise self._failure()
         self._parts.put(part)  # the queue is empty: the previous feed's part was taken
         if not self._taken.get():  # the load ended before taking this part
-            raise self._failure("before it took every part fed to it")
+            raise self._failure()
 
     def finish(self) -> None:
         """The last part was fed: let the load end and wait for it; re-raises its error."""
@@ -96,7 +96,8 @@ class PartFeed:
             self._ended = True
             self._taken.put(False)  # a feed waiting now learns the load ended
 
-    def _failure(self, when: str) -> BaseException:
+    def _failure(self) -> BaseException:
+        """The load's own error, or that it ended without it."""
         if self._error is not None:
             return self._error
-        return RuntimeError(f"the weight load ended {when}")
+        return RuntimeError("the weight load ended before it took every part fed to it")

@@ -176,18 +176,15 @@ class TrainerGroup:
         Closing it part way takes the ranks to the stream's end (they gather each part
         together) and frees the last part's buckets."""
         self.sync_bytes = 0
-        ended = False
-        try:
+        try:  # at the end each rank has freed its last part and closed its stream
             while (shared := self._all("share_next_part"))[0] is not None:
                 self.sync_bytes += shared[0][1]
                 yield [handles for handles, _ in shared]
-            ended = True  # each rank freed its last part and closed its stream
         except TrainerDied:
-            ended = True  # the group is restarted, its ranks' streams with it
+            raise  # the group is restarted, its ranks' streams with it
+        except BaseException:  # closed or failed part way (GeneratorExit included)
+            self._all("release_shared")
             raise
-        finally:
-            if not ended:
-                self._all("release_shared")
 
     def transfer_address(self) -> tuple[str, int]:
         """Where the engines join rank 0's weight-transfer group."""

@@ -148,8 +148,7 @@ class TrainerWorker:
         remaining parts' gathers, which its peers are in."""
         self._free_shared()
         parts, self.shared_parts = self.shared_parts, None
-        for _ in parts or ():
-            pass
+        _take_the_rest(parts or iter(()))
 
     def _free_shared(self) -> None:
         if self.shared is not None:
@@ -180,9 +179,8 @@ class TrainerWorker:
         parts = self._sync_parts(root_only=True)
         try:
             return self.transfer.group.send_parts(parts) if self.rank == 0 else None
-        finally:  # this rank's share of the parts' gathers, also after a failed broadcast
-            for _ in parts:
-                pass
+        finally:  # also after a failed broadcast
+            _take_the_rest(parts)
 
     def save(self, folder: str) -> dict[str, float]:
         """Write this rank's trainer state and (rank 0) the policy as an HF folder, and with
@@ -200,9 +198,8 @@ class TrainerWorker:
         try:
             if self.rank == 0:
                 save_hf_folder(parts, self.model_dir, target / HF_FOLDER)
-        finally:  # the other ranks' share of the parts' gathers, also after a failed write
-            for _ in parts:
-                pass
+        finally:  # the other ranks', and rank 0's after a failed write
+            _take_the_rest(parts)
         lora = self.trainer.recipe.model.lora
         if lora is not None:
             adapters = self.trainer.adapter_state_dict(root_only=True)
@@ -224,6 +221,13 @@ class TrainerWorker:
 
         self.transfer = None
         destroy_parallel()
+
+
+def _take_the_rest(parts: Iterator[dict[str, torch.Tensor]]) -> None:
+    """The parts of a gather this rank has not taken: its share of their collectives, which
+    its peers are in (a rank that stops part way leaves them waiting)."""
+    for _ in parts:
+        pass
 
 
 def save_without_checksums(state: Any, path: Path) -> None:
