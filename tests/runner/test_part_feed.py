@@ -20,7 +20,7 @@ def _parts(sizes: list[int]) -> list[list[tuple[str, torch.Tensor]]]:
 
 
 class Recorder:
-    """A load that records each tensor it reads, and what had been fed when it read it."""
+    """A load that records the name of each tensor it reads, and the thread it ran on."""
 
     def __init__(self, fail_at: str | None = None) -> None:
         self.read: list[str] = []
